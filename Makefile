@@ -1,0 +1,43 @@
+# Every target does its own setup: a virtualenv with the pinned packages and the Java jars from
+# Maven Central (cached under .cairn/jars). Re-runs skip whatever is already in place.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+CAIRN_HOME ?= $(CURDIR)/.cairn
+JARS    := $(CAIRN_HOME)/jars
+export CAIRN_HOME
+
+.PHONY: demo test unit up down status lint jars setup
+
+demo: setup  ## start the stack and archive the demo topic end to end
+	$(BIN)/python -m cairn_stack demo
+
+test: setup  ## the whole suite: unit tests, then integration tests against real services
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+unit: setup
+	$(BIN)/python -m pytest tests/unit
+
+up down status: setup
+	$(BIN)/python -m cairn_stack $@
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+setup: $(VENV)/.installed jars
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+jars: $(JARS)/kafka/.fetched $(JARS)/spark/.fetched
+
+$(JARS)/%/.fetched: jars/%/pom.xml
+	rm -rf $(JARS)/$*
+	mvn --batch-mode --quiet -f jars/$*/pom.xml dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory=$(JARS)/$*
+	touch $@

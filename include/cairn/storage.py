@@ -1,0 +1,143 @@
+"""One storage API for `file://` and `s3://` archive roots, on top of fsspec.
+
+Everything Cairn writes goes through here, so the two promises the archive depends on hold for
+both kinds of root: an object appears whole or not at all, and `create` is an atomic
+create-if-absent (S3 `If-None-Match: *`, a hard link on local disk) that is how tokens commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import fsspec
+
+# Partial local writes live here, outside every data prefix, until they are renamed into place.
+STAGING_DIR = "_staging"
+
+
+class ObjectExists(Exception):
+    """`create` lost: the object was already there."""
+
+
+class Storage:
+    """An archive root (`file:///path` or `s3://bucket/prefix`) and the objects under it.
+
+    Keys are relative, `/`-separated paths such as `_tokens/orders/000000000001.json`.
+    `options` go to the fsspec filesystem (for S3: endpoint_url, key, secret, ...).
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("file", "s3"):
+            raise ValueError(f"archive root {url!r}: scheme must be file:// or s3://")
+        self.url = url.rstrip("/")
+        self.is_local = parts.scheme == "file"
+        if self.is_local:
+            self.fs = fsspec.filesystem("file", auto_mkdir=True)
+            self.root = os.path.abspath(parts.path)
+        else:
+            if not parts.netloc:
+                raise ValueError(f"archive root {url!r}: no bucket")
+            self.fs = fsspec.filesystem("s3", **options)
+            self.root = (parts.netloc + parts.path).rstrip("/")
+
+    def path(self, key: str) -> str:
+        """The filesystem path of `key`; refuses keys that would escape the root."""
+        clean = key.strip("/")
+        if not clean or any(part in ("", ".", "..") for part in clean.split("/")):
+            raise ValueError(f"invalid storage key {key!r}")
+        return f"{self.root}/{clean}"
+
+    def read(self, key: str) -> bytes:
+        return self.fs.cat_file(self.path(key))
+
+    def exists(self, key: str) -> bool:
+        return self.fs.exists(self.path(key))
+
+    def write(self, key: str, data: bytes) -> None:
+        """Write a whole object, replacing any previous one."""
+        with self.open_write(key) as out:
+            out.write(data)
+
+    def create(self, key: str, data: bytes) -> None:
+        """Create `key` only if absent; raise ObjectExists if it is already there."""
+        if self.is_local:
+            staged = self._staged(key)
+            self.fs.pipe_file(staged, data)
+            try:
+                os.link(staged, self.path(key))
+            except FileExistsError:
+                raise ObjectExists(key) from None
+            finally:
+                os.unlink(staged)
+            return
+        try:
+            self.fs.pipe_file(self.path(key), data, mode="create")
+        except (FileExistsError, OSError) as err:
+            if _is_precondition_failure(err):
+                raise ObjectExists(key) from None
+            raise
+
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[IO[bytes]]:
+        """Stream an object; it becomes visible whole on success and not at all on error.
+
+        S3 publishes a (multipart) upload only when it completes; locally the bytes go to a
+        staging file that is renamed into place.
+        """
+        target = self.path(key)
+        if self.is_local:
+            staged = self._staged(key)
+            try:
+                with self.fs.open(staged, "wb") as out:
+                    yield out
+                self.fs.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(staged, target)
+            finally:
+                if os.path.exists(staged):
+                    os.unlink(staged)
+            return
+        out = self.fs.open(target, "wb")
+        try:
+            yield out
+        except BaseException:
+            out.discard()
+            raise
+        out.close()
+
+    def open_read(self, key: str) -> IO[bytes]:
+        return self.fs.open(self.path(key), "rb")
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys under `prefix` (recursively), sorted; empty if the prefix does not exist."""
+        base = self.path(prefix) if prefix.strip("/") else self.root
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        start = len(self.root) + 1
+        keys = (p[start:] for p in found if p.startswith(self.root + "/"))
+        return sorted(k for k in keys if not k.startswith(STAGING_DIR + "/"))
+
+    def size(self, key: str) -> int:
+        return self.fs.size(self.path(key))
+
+    def delete(self, key: str) -> None:
+        """Delete `key`; deleting a missing object is not an error."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path(key))
+
+    def _staged(self, key: str) -> str:
+        return self.path(f"{STAGING_DIR}/{uuid.uuid4().hex}-{os.path.basename(key)}")
+
+
+def _is_precondition_failure(err: BaseException) -> bool:
+    if isinstance(err, FileExistsError):
+        return True
+    text = f"{err} {err.__cause__!r}"
+    return "PreconditionFailed" in text or "412" in text

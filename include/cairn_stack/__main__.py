@@ -1,0 +1,83 @@
+"""`python -m cairn_stack up | down | status | demo` — the local stack from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from cairn_stack import demo, services
+from cairn_stack.process import StackError
+from cairn_stack.settings import StackSettings
+
+console = Console(stderr=True)
+
+
+def up(settings: StackSettings) -> None:
+    """Start every service (idempotent); if one fails, stop all that this call started."""
+    started = []
+    try:
+        for service in services.all_services(settings):
+            was_running = service.pid() is not None
+            with console.status(f"starting {service.name} …"):
+                service.start(settings.start_timeout)
+            if not was_running:
+                started.append(service)
+            console.print(f"[green]✓[/] {service.name} (log: {service.log})")
+    except BaseException:
+        for service in reversed(started):
+            service.stop()
+        raise
+    console.print(
+        f"Kafka      {settings.bootstrap_servers}\n"
+        f"S3         {settings.s3_endpoint}  bucket {settings.bucket}\n"
+        f"Airflow UI {settings.airflow_url}  login {settings.airflow_user} / "
+        f"{settings.airflow_password}"
+    )
+
+
+def down(settings: StackSettings) -> None:
+    for service in reversed(services.all_services(settings)):
+        if service.stop():
+            console.print(f"stopped {service.name}")
+
+
+def status(settings: StackSettings) -> int:
+    """Print each service's state; exit 1 unless all are healthy."""
+    table = Table("service", "state", "pid", "log")
+    all_healthy = True
+    for service in services.all_services(settings):
+        pid = service.pid()
+        healthy = pid is not None and service.healthy()
+        all_healthy &= healthy
+        state = "healthy" if healthy else ("unhealthy" if pid else "stopped")
+        table.add_row(service.name, state, str(pid or "-"), str(service.log))
+    Console().print(table)
+    return 0 if all_healthy else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cairn_stack", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    args = parser.parse_args(argv)
+    settings = StackSettings()
+    try:
+        if args.command == "up":
+            up(settings)
+        elif args.command == "down":
+            down(settings)
+        elif args.command == "status":
+            return status(settings)
+        else:
+            up(settings)
+            demo.run(settings, console)
+    except StackError as err:
+        console.print(f"[red]error:[/] {err}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

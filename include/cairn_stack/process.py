@@ -1,0 +1,170 @@
+"""Start, watch and stop the stack's processes by pid, with errors that name the service.
+
+Each service is one process group started here; its pid file and log live under the state
+folder, so `down` stops exactly what `up` started and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class StackError(RuntimeError):
+    """A service could not start; the message names the service, the cause and its log."""
+
+
+@dataclass
+class Service:
+    name: str
+    argv: Sequence[str]
+    state_dir: Path
+    ports: Sequence[int]
+    healthy: Callable[[], bool]
+    env: dict[str, str] = field(default_factory=dict)
+    prepare: Callable[[], None] | None = None
+    """First-start chores (checks, formatting, migrations), run only when not yet running."""
+
+    @property
+    def log(self) -> Path:
+        return self.state_dir / "logs" / f"{self.name}.log"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.state_dir / "pids" / f"{self.name}.pid"
+
+    def pid(self) -> int | None:
+        """The pid of our running process, or None (a stale pid file is removed)."""
+        try:
+            pid = int(self.pidfile.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if _alive(pid):
+            return pid
+        self.pidfile.unlink(missing_ok=True)
+        return None
+
+    def start(self, timeout: float) -> None:
+        """Start unless running, then wait until healthy; on failure leave nothing running."""
+        if self.pid() is not None:
+            self.wait_healthy(timeout)
+            return
+        for port in self.ports:
+            if not port_free(port):
+                raise StackError(
+                    f"{self.name}: port {port} is already in use by another program; "
+                    f"free it or set another port (see include/cairn_stack/settings.py)"
+                )
+        if self.prepare is not None:
+            self.prepare()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    list(self.argv),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, **self.env},
+                    start_new_session=True,
+                )
+            except FileNotFoundError as err:
+                raise StackError(f"{self.name}: cannot run {self.argv[0]!r}: {err}") from None
+        self.pidfile.write_text(str(proc.pid))
+        try:
+            self.wait_healthy(timeout, proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_healthy(self, timeout: float, proc: subprocess.Popen | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise StackError(
+                    f"{self.name}: exited with code {proc.returncode} during start; "
+                    f"see {self.log}:\n{tail(self.log)}"
+                )
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise StackError(
+            f"{self.name}: not healthy after {timeout:.0f}s; see {self.log}:\n{tail(self.log)}"
+        )
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop our process group (TERM, then KILL); True if something was running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _signal_group(pid, signal.SIGKILL)  # also children the leader left behind
+        self.pidfile.unlink(missing_ok=True)
+        return True
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS reports free now, kept below 55000 so `port + 10000` schemes stay valid."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port < 55000 and port not in ports:
+            ports.append(port)
+    return ports
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

@@ -1,0 +1,299 @@
+"""The stack's services — Kafka (KRaft), SeaweedFS (S3) and Airflow 3 — as `Service` objects.
+
+Each function takes the settings and returns what `Service.start` needs; first-start chores
+(formatting Kafka's storage, writing SeaweedFS credentials, migrating Airflow's database) live
+here too, so the CLI and the test fixtures start the very same things.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+from cairn_stack.process import Service, StackError, port_open
+from cairn_stack.settings import REPO, StackSettings
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+"""
+
+
+def java() -> str | None:
+    """The `java` to run Kafka and Spark with: $JAVA_HOME's, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    exe = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return exe if exe and Path(exe).exists() else None
+
+
+def jars(settings: StackSettings, group: str) -> Path:
+    """The folder of one jar group (`kafka`, `spark`), checked to be filled by `make jars`."""
+    folder = settings.jars_dir / group
+    if not any(folder.glob("*.jar")):
+        raise StackError(f"jars: no jars in {folder}; run `make jars` first")
+    return folder
+
+
+def kafka(settings: StackSettings) -> Service:
+    state = settings.state_dir / "kafka"
+    data = state / "data"
+    props = state / "server.properties"
+    state.mkdir(parents=True, exist_ok=True)
+    host, port, cport = settings.host, settings.kafka_port, settings.kafka_controller_port
+    props.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@{host}:{cport}",
+                f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+                f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={data}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "share.coordinator.state.topic.replication.factor=1",
+                "share.coordinator.state.topic.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "message.max.bytes=16777216",
+                "auto.create.topics.enable=false",
+            ]
+        )
+        + "\n"
+    )
+    log4j = state / "log4j2.properties"
+    log4j.write_text(LOG4J2)
+    classpath = f"{settings.jars_dir / 'kafka'}/*"
+    heap = ["-Xms256m", "-Xmx1g"]
+    jvm = [java() or "java", *heap, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+
+    def prepare() -> None:
+        if java() is None:
+            raise StackError("kafka: no Java found (install Java 17+, or set JAVA_HOME)")
+        jars(settings, "kafka")
+        if (data / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)]
+        done = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise StackError(f"kafka: formatting storage failed:\n{done.stdout}{done.stderr}")
+
+    return Service(
+        name="kafka",
+        argv=[*jvm, "kafka.Kafka", str(props)],
+        state_dir=settings.state_dir,
+        ports=[port, cport],
+        healthy=lambda: _kafka_ready(settings.bootstrap_servers),
+        prepare=prepare,
+    )
+
+
+def _kafka_ready(bootstrap: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        return bool(admin.list_topics(timeout=2).brokers)
+    except Exception:
+        return False
+
+
+def seaweedfs(settings: StackSettings) -> Service:
+    state = settings.state_dir / "seaweedfs"
+    (state / "data").mkdir(parents=True, exist_ok=True)
+    s3_config = state / "s3.json"
+    s3_config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "cairn",
+                        "credentials": [
+                            {
+                                "accessKey": settings.s3_access_key,
+                                "secretKey": settings.s3_secret_key,
+                            }
+                        ],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
+    weed = str(Path(sys.executable).parent / "weed")
+    master, volume, filer = (
+        settings.seaweed_master_port,
+        settings.seaweed_volume_port,
+        settings.seaweed_filer_port,
+    )
+    grpc = {
+        "master": master + 1,
+        "volume": volume + 1,
+        "filer": filer + 1,
+        "s3": settings.s3_port + 1,
+    }
+    argv = [
+        weed,
+        "server",
+        f"-dir={state / 'data'}",
+        f"-ip={settings.host}",
+        f"-ip.bind={settings.host}",
+        f"-master.port={master}",
+        f"-master.port.grpc={grpc['master']}",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=256",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={grpc['volume']}",
+        "-volume.max=0",
+        "-filer",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={grpc['filer']}",
+        "-s3",
+        f"-s3.port={settings.s3_port}",
+        f"-s3.port.grpc={grpc['s3']}",
+        "-s3.port.iceberg=0",
+        f"-s3.config={s3_config}",
+    ]
+    return Service(
+        name="seaweedfs",
+        argv=argv,
+        state_dir=settings.state_dir,
+        ports=[master, volume, filer, settings.s3_port, *grpc.values()],
+        healthy=lambda: port_open(settings.s3_port) and _bucket_ready(settings),
+    )
+
+
+def s3_options(settings: StackSettings) -> dict:
+    """fsspec/s3fs options for the stack's S3 endpoint."""
+    return {
+        "key": settings.s3_access_key,
+        "secret": settings.s3_secret_key,
+        "endpoint_url": settings.s3_endpoint,
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+
+
+def _bucket_ready(settings: StackSettings) -> bool:
+    """Create the archive bucket if needed; True once it answers."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options(settings), skip_instance_cache=True)
+    try:
+        if not fs.exists(settings.bucket):
+            fs.mkdir(settings.bucket)
+        fs.ls(settings.bucket)
+        return True
+    except Exception:
+        return False
+
+
+def airflow_env(settings: StackSettings) -> dict[str, str]:
+    """Airflow's configuration and connections, all from the environment."""
+    home = settings.state_dir / "airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    secret_file = home / "jwt_secret"
+    if not secret_file.exists():
+        secret_file.write_text(secrets.token_urlsafe(32))
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({settings.airflow_user: settings.airflow_password}))
+    kafka_conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": settings.bootstrap_servers}}
+    s3_conn = {
+        "conn_type": "aws",
+        "login": settings.s3_access_key,
+        "password": settings.s3_secret_key,
+        "extra": {"endpoint_url": settings.s3_endpoint, "region_name": "us-east-1"},
+    }
+    spark_conn = {"conn_type": "spark", "host": "local[*]"}
+    conn = {
+        settings.kafka_conn_id: kafka_conn,
+        settings.s3_conn_id: s3_conn,
+        settings.spark_conn_id: spark_conn,
+    }
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{settings.airflow_user}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
+        "AIRFLOW__API__BASE_URL": settings.airflow_url,
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.airflow_log_port),
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+        "CAIRN_HOME": str(settings.home),
+    }
+    for conn_id, value in conn.items():
+        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(value)
+    return env
+
+
+def airflow(settings: StackSettings) -> list[Service]:
+    """api-server, scheduler and dag-processor; the first start migrates the metadata DB."""
+    env = airflow_env(settings)
+    exe = str(Path(sys.executable).parent / "airflow")
+
+    def migrate() -> None:
+        done = subprocess.run(
+            [exe, "db", "migrate"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise StackError(f"airflow: `airflow db migrate` failed:\n{done.stderr[-3000:]}")
+
+    def service(name: str, argv: list[str], ports: list[int], component: str) -> Service:
+        return Service(
+            name,
+            [exe, *argv],
+            settings.state_dir,
+            ports,
+            lambda: _airflow_health(settings, component),
+            env=env,
+            prepare=migrate if name == "airflow-api-server" else None,
+        )
+
+    api = ["api-server", "--host", settings.host, "--port", str(settings.airflow_port)]
+    return [
+        service("airflow-api-server", api, [settings.airflow_port], "metadatabase"),
+        service("airflow-scheduler", ["scheduler"], [settings.airflow_log_port], "scheduler"),
+        service("airflow-dag-processor", ["dag-processor"], [], "dag_processor"),
+    ]
+
+
+def _airflow_health(settings: StackSettings, component: str) -> bool:
+    try:
+        url = f"{settings.airflow_url}/api/v2/monitor/health"
+        with urllib.request.urlopen(url, timeout=3) as reply:
+            health = json.load(reply)
+    except (OSError, ValueError):
+        return False
+    return health.get(component, {}).get("status") == "healthy"
+
+
+def all_services(settings: StackSettings) -> list[Service]:
+    """In start order; `down` stops them in reverse."""
+    return [kafka(settings), seaweedfs(settings), *airflow(settings)]

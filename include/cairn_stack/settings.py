@@ -1,0 +1,64 @@
+"""Ports, credentials and names of the local stack, overridable from `CAIRN_*` variables.
+
+docker-compose.yml and `.env.example` carry the same values; tests/unit/test_compose.py keeps
+them in step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class StackSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CAIRN_")
+
+    home: Path = REPO / ".cairn"
+    """All state (data, logs, pids) lives under `<home>/stack`; jars under `<home>/jars`."""
+
+    host: str = "127.0.0.1"
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+    s3_port: int = 8333
+    seaweed_master_port: int = 9333
+    seaweed_volume_port: int = 18080
+    seaweed_filer_port: int = 18888
+    airflow_port: int = 8080
+    airflow_log_port: int = 8793
+    """The scheduler's task-log server (Airflow's worker_log_server_port)."""
+
+    s3_access_key: str = "cairn"
+    s3_secret_key: str = "cairn-secret-key"
+    bucket: str = "cairn-archive"
+
+    kafka_conn_id: str = "cairn_kafka"
+    s3_conn_id: str = "cairn_s3"
+    spark_conn_id: str = "cairn_spark"
+    airflow_user: str = "admin"
+    airflow_password: str = "admin"
+
+    start_timeout: float = 120.0
+    """Seconds each service has to become healthy before `up` gives up."""
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "stack"
+
+    @property
+    def jars_dir(self) -> Path:
+        return self.home / "jars"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{self.host}:{self.s3_port}"
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{self.host}:{self.airflow_port}"
