@@ -1,11 +1,9 @@
 # Every target does its own setup: a virtualenv with the pinned packages and the Java jars from
-# Maven Central (cached under .cairn/jars). Re-runs skip whatever is already in place.
+# Maven Central (cached under .cairn/jars, where include/cairn_stack/settings.py looks). Re-runs skip whatever is already in place.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-CAIRN_HOME ?= $(CURDIR)/.cairn
-JARS    := $(CAIRN_HOME)/jars
-export CAIRN_HOME
+JARS    := .cairn/jars
 
 .PHONY: demo test unit up down status lint jars setup
 

@@ -69,8 +69,10 @@ class Storage:
         if self.is_local:
             staged = self._staged(key)
             self.fs.pipe_file(staged, data)
+            target = self.path(key)
+            self.fs.makedirs(os.path.dirname(target), exist_ok=True)
             try:
-                os.link(staged, self.path(key))
+                os.link(staged, target)
             except FileExistsError:
                 raise ObjectExists(key) from None
             finally:
@@ -106,7 +108,8 @@ class Storage:
         try:
             yield out
         except BaseException:
-            out.discard()
+            out.discard()  # aborts the multipart upload: nothing is published
+            out.closed = True  # so garbage collection does not try to flush the dropped buffer
             raise
         out.close()
 

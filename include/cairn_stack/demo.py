@@ -53,8 +53,14 @@ def sample_events(count: int, start: datetime, seed: int = 7) -> Iterable[bytes]
         ).encode()
 
 
-def produce(bootstrap: str, topic: str, values: Iterable[bytes | None], keys=None) -> int:
-    """Produce every value (round-robin over partitions unless keyed); fail if any is lost."""
+def produce(
+    bootstrap: str,
+    topic: str,
+    values: Iterable[bytes | None],
+    keys: Iterable[bytes | None] | None = None,
+    partition: int | None = None,
+) -> int:
+    """Produce every value (to `partition`, or spread by key); fail if any is lost."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -76,7 +82,8 @@ def produce(bootstrap: str, topic: str, values: Iterable[bytes | None], keys=Non
         key = next(key_iter) if key_iter is not None else None
         while True:
             try:
-                producer.produce(topic, value=value, key=key, on_delivery=delivered)
+                extra = {} if partition is None else {"partition": partition}
+                producer.produce(topic, value=value, key=key, on_delivery=delivered, **extra)
                 break
             except BufferError:
                 producer.poll(0.1)

@@ -124,16 +124,11 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the OS reports free now, kept below 55000 so `port + 10000` schemes stay valid."""
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port < 55000 and port not in ports:
-            ports.append(port)
-    return ports
+def free_port() -> int:
+    """A port the OS reports free now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -168,3 +163,15 @@ def _alive(pid: int) -> bool:
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def free_port_block(count: int, step: int = 1) -> list[int]:
+    """`count` ports, each with its `step - 1` successors also free (for services that take
+    `port + 1` as well), all below 55000."""
+    while True:
+        base = free_port()
+        ports = [base + i * step for i in range(count)]
+        if ports[-1] + step < 55000 and all(
+            port_free(p + j) for p in ports for j in range(step)
+        ):
+            return ports

@@ -170,6 +170,7 @@ def seaweedfs(settings: StackSettings) -> Service:
         f"-s3.port={settings.s3_port}",
         f"-s3.port.grpc={grpc['s3']}",
         "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
         f"-s3.config={s3_config}",
     ]
     return Service(
@@ -242,7 +243,6 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.airflow_log_port),
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
-        "CAIRN_HOME": str(settings.home),
     }
     for conn_id, value in conn.items():
         env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(value)

@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CAIRN_")
 
-    home: Path = REPO / ".cairn"
-    """All state (data, logs, pids) lives under `<home>/stack`; jars under `<home>/jars`."""
+    state_dir: Path = REPO / ".cairn" / "stack"
+    """All the stack's state: data, logs, pid files."""
+    jars_dir: Path = REPO / ".cairn" / "jars"
+    """Filled by `make jars` (Maven): `kafka/` for the broker and tools, `spark/` for Spark."""
 
     host: str = "127.0.0.1"
     kafka_port: int = 9092
@@ -42,14 +44,6 @@ class StackSettings(BaseSettings):
 
     start_timeout: float = 120.0
     """Seconds each service has to become healthy before `up` gives up."""
-
-    @property
-    def state_dir(self) -> Path:
-        return self.home / "stack"
-
-    @property
-    def jars_dir(self) -> Path:
-        return self.home / "jars"
 
     @property
     def bootstrap_servers(self) -> str:

@@ -1,0 +1,78 @@
+"""Test harness: real Kafka (KRaft), SeaweedFS (S3) and Spark (local mode), started once per
+test run on free loopback ports with all state in a temporary folder, and stopped afterwards.
+
+Tests under tests/integration/ are marked `integration` automatically; `pytest -m "not
+integration"` runs only the fast unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cairn_stack import services
+from cairn_stack.process import free_port_block
+from cairn_stack.settings import StackSettings
+
+ROOT = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (ROOT / "integration") in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
+    """Settings for a private stack: free ports, state under a temporary folder."""
+    kafka, s3, master, volume, filer, airflow, logs = free_port_block(7, step=2)
+    return StackSettings(
+        state_dir=tmp_path_factory.mktemp("stack"),
+        kafka_port=kafka,
+        kafka_controller_port=kafka + 1,
+        s3_port=s3,
+        seaweed_master_port=master,
+        seaweed_volume_port=volume,
+        seaweed_filer_port=filer,
+        airflow_port=airflow,
+        airflow_log_port=logs,
+    )
+
+
+@pytest.fixture(scope="session")
+def kafka(stack_settings: StackSettings) -> Iterator[str]:
+    """A running single-node KRaft broker; yields its bootstrap servers."""
+    service = services.kafka(stack_settings)
+    service.start(stack_settings.start_timeout)
+    yield stack_settings.bootstrap_servers
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(stack_settings: StackSettings) -> Iterator[dict]:
+    """A running SeaweedFS S3 with the archive bucket; yields fsspec options for it."""
+    service = services.seaweedfs(stack_settings)
+    service.start(stack_settings.start_timeout)
+    yield services.s3_options(stack_settings)
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(stack_settings: StackSettings):
+    """A local-mode SparkSession with the Kafka connector from the Maven-fetched jars."""
+    from pyspark.sql import SparkSession
+
+    jars = sorted(str(p) for p in services.jars(stack_settings, "spark").glob("*.jar"))
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("cairn-tests")
+        .config("spark.jars", ",".join(jars))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
