@@ -1,0 +1,221 @@
+"""docker-compose.yml, compose/airflow.Dockerfile and .env.example agree with StackSettings.
+
+There is no Docker here, so these checks are static: they catch the files drifting apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cairn_stack.settings import StackSettings
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "compose" / "airflow.Dockerfile"
+ENV_EXAMPLE = REPO / ".env.example"
+
+# Declared defaults, not StackSettings(): CAIRN_* variables on this machine must not matter.
+DEFAULTS: dict[str, Any] = {name: f.default for name, f in StackSettings.model_fields.items()}
+
+AIRFLOW_SERVICES = (
+    "airflow-init",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+)
+REQUIRED_SERVICES = {
+    "kafka",
+    "seaweedfs",
+    "create-bucket",
+    "postgres",
+    "spark-master",
+    "spark-worker",
+    *AIRFLOW_SERVICES,
+}
+# service -> (settings field of its host port, port inside the container)
+PUBLISHED = {
+    "kafka": ("kafka_port", 9092),
+    "seaweedfs": ("s3_port", 8333),
+    "airflow-apiserver": ("airflow_port", 8080),
+}
+
+# `$$` is compose's escape for a literal `$`, so only a single `$` interpolates.
+INTERPOLATION = re.compile(r"(?<!\$)\$\{(CAIRN_[A-Z0-9_]+):-([^}]*)\}")
+ANY_CAIRN_REFERENCE = re.compile(r"(?<!\$)\$\{?(CAIRN_[A-Z0-9_]+)")
+
+
+def ref(var: str) -> str:
+    """How compose must spell a reference: `${CAIRN_X:-<settings default>}`."""
+    default = DEFAULTS[var.removeprefix("CAIRN_").lower()]
+    return f"${{{var}:-{default}}}"
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    return COMPOSE_FILE.read_text()
+
+
+@pytest.fixture(scope="module")
+def compose(text: str) -> dict[str, Any]:
+    return yaml.safe_load(text)
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def env(service: dict[str, Any]) -> dict[str, str]:
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {k: str(v) for k, v in raw.items()}
+
+
+def command(service: dict[str, Any]) -> str:
+    cmd = service.get("command", "")
+    return " ".join(cmd) if isinstance(cmd, list) else cmd
+
+
+def env_example() -> dict[str, str]:
+    pairs = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            assert key not in pairs, f".env.example sets {key} twice"
+            pairs[key] = value
+    return pairs
+
+
+def test_required_services_exist(services):
+    assert services.keys() >= REQUIRED_SERVICES, REQUIRED_SERVICES - services.keys()
+
+
+def test_kafka_is_a_single_kraft_node(text, services):
+    kafka = services["kafka"]
+    assert re.fullmatch(r"apache/kafka:4\.\d+\.\d+", kafka["image"]), kafka["image"]
+    kenv = env(kafka)
+    assert set(kenv["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node_id = kenv["KAFKA_NODE_ID"]
+    assert kenv["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{node_id}@kafka:9093"
+    assert "CONTROLLER://:9093" in kenv["KAFKA_LISTENERS"]
+    assert kenv["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+    assert kenv["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"
+    # Host clients must be told the host port, whatever CAIRN_KAFKA_PORT says.
+    assert f"PLAINTEXT_HOST://localhost:{ref('CAIRN_KAFKA_PORT')}" in kenv[
+        "KAFKA_ADVERTISED_LISTENERS"
+    ].split(",")
+    assert "zookeeper" not in text.lower()
+
+
+def test_airflow_is_3_with_local_executor(services):
+    base = re.search(r"^FROM\s+apache/airflow:(\S+)", DOCKERFILE.read_text(), re.MULTILINE)
+    assert base, "compose/airflow.Dockerfile must build FROM apache/airflow"
+    assert base.group(1).split(".")[0] == "3", base.group(1)
+    for name in AIRFLOW_SERVICES:
+        service = services[name]
+        assert service["build"]["dockerfile"] == "compose/airflow.Dockerfile", name
+        assert env(service)["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
+        assert env(service)["AIRFLOW__CORE__LOAD_EXAMPLES"] == "false", name
+        assert "/opt/airflow/include" in env(service)["PYTHONPATH"].split(":"), name
+        for folder in ("dags", "plugins", "include", "spark_jobs"):
+            assert f"./{folder}:/opt/airflow/{folder}" in service["volumes"], (name, folder)
+
+
+def test_published_ports_match_settings(services):
+    published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
+    assert published.keys() == PUBLISHED.keys()
+    for name, (field, inner) in PUBLISHED.items():
+        var = f"CAIRN_{field.upper()}"
+        assert published[name] == [f"{ref(var)}:{inner}"], name
+
+
+def test_every_cairn_reference_has_the_settings_default(text):
+    spelled = INTERPOLATION.findall(text)
+    assert len(spelled) == len(ANY_CAIRN_REFERENCE.findall(text)), "use ${CAIRN_X:-default}"
+    for var, default in spelled:
+        field = var.removeprefix("CAIRN_").lower()
+        assert field in DEFAULTS, f"{var} is not a StackSettings field"
+        assert default == str(DEFAULTS[field]), var
+
+
+def test_cairn_env_names_are_settings_fields():
+    # Literal CAIRN_* names set in the image must also be real settings.
+    for var in re.findall(r"\b(CAIRN_[A-Z0-9_]+)=", DOCKERFILE.read_text()):
+        assert var.removeprefix("CAIRN_").lower() in DEFAULTS, var
+
+
+def test_bucket_created_is_the_settings_bucket(services):
+    cmd = command(services["create-bucket"])
+    assert f'create-bucket --bucket "{ref("CAIRN_BUCKET")}"' in cmd
+    assert "--endpoint-url http://seaweedfs:8333" in cmd
+    bucket_env = env(services["create-bucket"])
+    assert bucket_env["AWS_ACCESS_KEY_ID"] == ref("CAIRN_S3_ACCESS_KEY")
+    assert bucket_env["AWS_SECRET_ACCESS_KEY"] == ref("CAIRN_S3_SECRET_KEY")
+
+
+def test_seaweedfs_s3_identity_uses_the_settings_credentials(compose, services):
+    seaweed = services["seaweedfs"]
+    config_path = re.search(r"-s3\.config=(\S+)", command(seaweed)).group(1)
+    (mount,) = [c for c in seaweed["configs"] if c["target"] == config_path]
+    identities = json.loads(compose["configs"][mount["source"]]["content"])["identities"]
+    keys = [c for identity in identities for c in identity["credentials"]]
+    assert keys == [
+        {"accessKey": ref("CAIRN_S3_ACCESS_KEY"), "secretKey": ref("CAIRN_S3_SECRET_KEY")}
+    ]
+    assert "-s3.port=8333" in command(seaweed)
+
+
+def test_airflow_connections_match_settings_ids(services):
+    expected = {DEFAULTS[f].upper() for f in ("kafka_conn_id", "s3_conn_id", "spark_conn_id")}
+    advertised = env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    internal = next(a for a in advertised if a.startswith("PLAINTEXT://"))
+    for name in AIRFLOW_SERVICES:
+        conns = {
+            k.removeprefix("AIRFLOW_CONN_"): json.loads(v)
+            for k, v in env(services[name]).items()
+            if k.startswith("AIRFLOW_CONN_")
+        }
+        assert conns.keys() == expected, name
+
+        kafka = conns[DEFAULTS["kafka_conn_id"].upper()]
+        assert kafka["conn_type"] == "kafka"
+        assert f"PLAINTEXT://{kafka['extra']['bootstrap.servers']}" == internal
+
+        s3 = conns[DEFAULTS["s3_conn_id"].upper()]
+        assert s3["conn_type"] == "aws"
+        assert (s3["login"], s3["password"]) == (
+            ref("CAIRN_S3_ACCESS_KEY"),
+            ref("CAIRN_S3_SECRET_KEY"),
+        )
+        assert s3["extra"]["endpoint_url"] == "http://seaweedfs:8333"
+
+        spark = conns[DEFAULTS["spark_conn_id"].upper()]
+        assert spark["conn_type"] == "spark"
+        assert (spark["host"], spark["port"]) == ("spark://spark-master", 7077)
+        assert "--port 7077" in command(services["spark-master"])
+
+
+def test_airflow_login_comes_from_settings(services):
+    api = env(services["airflow-apiserver"])
+    assert api["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == f"{ref('CAIRN_AIRFLOW_USER')}:admin"
+    assert api["CAIRN_AIRFLOW_USER"] == ref("CAIRN_AIRFLOW_USER")
+    assert api["CAIRN_AIRFLOW_PASSWORD"] == ref("CAIRN_AIRFLOW_PASSWORD")
+    assert "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in command(
+        services["airflow-apiserver"]
+    )
+
+
+def test_env_example_defines_exactly_the_compose_variables(text):
+    referenced = {var for var, _ in INTERPOLATION.findall(text)}
+    example = env_example()
+    assert example.keys() == referenced
+    for var, value in example.items():
+        assert value == str(DEFAULTS[var.removeprefix("CAIRN_").lower()]), var
