@@ -1,0 +1,57 @@
+"""Kafka metadata for planning: a topic's partitions and their watermarks."""
+
+from __future__ import annotations
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from cairn.plan import Watermarks
+
+
+class TopicNotFound(Exception):
+    """The topic does not exist on the cluster."""
+
+
+def fetch_watermarks(
+    bootstrap_servers: str, topic: str, timeout: float = 10.0
+) -> dict[int, Watermarks]:
+    """Low and high watermark of every partition of `topic`.
+
+    With `read_committed` the high watermark is the last stable offset, so a planned range never
+    ends inside an open transaction. Never creates the topic.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "cairn-planner",
+            "enable.auto.commit": False,
+            "allow.auto.create.topics": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        try:
+            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as err:
+            raise KafkaException(
+                f"cannot read metadata of topic {topic!r} from {bootstrap_servers} "
+                f"within {timeout}s: {err}"
+            ) from err
+        if metadata is None or (
+            metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            raise TopicNotFound(f"topic {topic!r} does not exist on {bootstrap_servers}")
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        watermarks = {}
+        for partition in sorted(metadata.partitions):
+            offsets = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout, cached=False
+            )
+            if offsets is None:
+                raise KafkaException(
+                    f"topic {topic!r} partition {partition}: no watermarks within {timeout}s"
+                )
+            watermarks[partition] = Watermarks(*offsets)
+        return watermarks
+    finally:
+        consumer.close()

@@ -1,0 +1,221 @@
+"""The attempt manifest: what one Spark attempt read and wrote, checked before the token commits.
+
+The Spark job writes it; `verify` proves from storage (not from the job's word) that the files
+account for every record read exactly once. Kafka offsets have holes (transaction markers,
+compaction), so coverage is proved with record counts plus non-overlapping offset spans.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from datetime import datetime
+from itertools import pairwise
+from typing import Literal
+
+from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError
+
+from cairn.layout import data_prefixes, manifest_key, parse_data_key
+from cairn.storage import Storage
+from cairn.tokens import Counts
+
+Kind = Literal["backup", "partitioned", "quarantine"]
+
+
+class VerificationFailed(Exception):
+    """The attempt's output does not account for exactly the records it read."""
+
+
+class CorruptManifest(Exception):
+    """A manifest object is unreadable."""
+
+
+class FileEntry(BaseModel):
+    """One data file; offsets are of its first and last record, event times in epoch millis."""
+
+    key: str
+    kind: Kind
+    partition: NonNegativeInt
+    records: PositiveInt
+    first_offset: NonNegativeInt
+    last_offset: NonNegativeInt
+    min_event_time: int | None = None
+    max_event_time: int | None = None
+    bytes: NonNegativeInt
+
+
+class Manifest(BaseModel):
+    """`ranges` are the planned `[start, end)`; `records_read` is what Spark got from Kafka."""
+
+    topic: str
+    attempt_id: str
+    run_id: str
+    generation: PositiveInt
+    ranges: dict[NonNegativeInt, tuple[NonNegativeInt, NonNegativeInt]]
+    records_read: dict[NonNegativeInt, NonNegativeInt]
+    files: list[FileEntry]
+    created_at: datetime
+
+
+class VerifyReport(BaseModel):
+    counts: Counts
+    partitions: dict[int, Counts]
+
+
+def save(storage: Storage, manifest: Manifest) -> str:
+    key = manifest_key(manifest.topic, manifest.attempt_id)
+    storage.write(key, manifest.model_dump_json(indent=2).encode())
+    return key
+
+
+def load(storage: Storage, key: str) -> Manifest:
+    try:
+        return Manifest.model_validate_json(storage.read(key))
+    except (ValidationError, ValueError) as err:
+        raise CorruptManifest(f"manifest {key} is unreadable: {err}") from None
+
+
+def verify(
+    manifest: Manifest, plan_ranges: dict[int, tuple[int, int]], storage: Storage
+) -> VerifyReport:
+    """Check the attempt against the plan and storage; raise VerificationFailed on any mismatch.
+
+    `plan_ranges` may come straight from JSON (string partition keys, lists).
+    """
+    ranges = {int(p): (int(start), int(end)) for p, (start, end) in plan_ranges.items()}
+    problems = _check(manifest, ranges, storage)
+    if problems:
+        head = f"topic {manifest.topic!r} attempt {manifest.attempt_id}: "
+        raise VerificationFailed(head + "; ".join(problems))
+    return _report(manifest)
+
+
+def _check(
+    manifest: Manifest, plan_ranges: dict[int, tuple[int, int]], storage: Storage
+) -> list[str]:
+    planned = _non_empty(plan_ranges)
+    if _non_empty(manifest.ranges) != planned:
+        return [f"manifest ranges {manifest.ranges} differ from the plan {plan_ranges}"]
+    problems: list[str] = []
+    seen: set[str] = set()
+    by_partition: dict[int, list[FileEntry]] = defaultdict(list)
+    for entry in manifest.files:
+        problems += _check_entry(manifest, entry, storage, seen)
+        by_partition[entry.partition].append(entry)
+    read = {p: n for p, n in manifest.records_read.items() if n}
+    for p in sorted(set(planned) | set(read) | set(by_partition)):
+        problems += _check_partition(p, planned.get(p), read.get(p, 0), by_partition[p])
+    problems += _unlisted(manifest, plan_ranges, storage)
+    return problems
+
+
+def _non_empty(ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    return {p: (start, end) for p, (start, end) in ranges.items() if end > start}
+
+
+def _check_entry(manifest: Manifest, e: FileEntry, storage: Storage, seen: set[str]) -> list[str]:
+    if e.key in seen:
+        return [f"{e.key} is listed twice"]
+    seen.add(e.key)
+    named = parse_data_key(e.key)
+    stated = (e.kind, manifest.topic, manifest.generation, e.partition, e.first_offset)
+    if (
+        named is None
+        or (named.kind, named.topic, named.gen, named.partition, named.first_offset) != stated
+    ):
+        return [
+            f"{e.key} does not name a {e.kind} file of generation {manifest.generation} "
+            f"partition {e.partition} starting at offset {e.first_offset}"
+        ]
+    if e.last_offset - e.first_offset + 1 < e.records:
+        return [
+            f"{e.key}: {e.records} records do not fit offsets {e.first_offset}..{e.last_offset}"
+        ]
+    if not storage.exists(e.key):
+        return [f"{e.key} is missing"]
+    size = storage.size(e.key)
+    if size != e.bytes:
+        return [f"{e.key} has {size} bytes, the manifest says {e.bytes}"]
+    return []
+
+
+def _check_partition(
+    p: int, planned: tuple[int, int] | None, read: int, entries: list[FileEntry]
+) -> list[str]:
+    if planned is None:
+        return [f"partition {p} has files or records read but nothing was planned"]
+    start, end = planned
+    problems = [
+        f"{e.key}: offsets {e.first_offset}..{e.last_offset} outside planned [{start}, {end})"
+        for e in entries
+        if e.first_offset < start or e.last_offset >= end
+    ]
+    if read > end - start:
+        problems.append(f"partition {p}: {read} records read from a range of {end - start}")
+    backup = sorted((e for e in entries if e.kind == "backup"), key=lambda e: e.first_offset)
+    for before, after in pairwise(backup):
+        if after.first_offset <= before.last_offset:
+            problems.append(f"backup files {before.key} and {after.key} overlap")
+    backed_up = sum(e.records for e in backup)
+    parsed = sum(e.records for e in entries if e.kind != "backup")
+    if backed_up != read:
+        problems.append(f"partition {p}: {read} records read, {backed_up} in backup")
+    if parsed != backed_up:
+        problems.append(
+            f"partition {p}: {backed_up} records in backup, {parsed} partitioned + quarantined"
+        )
+    return problems
+
+
+def _unlisted(
+    manifest: Manifest, plan_ranges: dict[int, tuple[int, int]], storage: Storage
+) -> list[str]:
+    """Data files at or after the planned starts that the manifest does not list.
+
+    Cleanup removed every such file before the attempt, so one here came from elsewhere (a
+    concurrent attempt, a stray task) and would duplicate records once committed.
+    """
+    listed = {e.key for e in manifest.files}
+    starts = {p: start for p, (start, _) in plan_ranges.items()}
+    return [
+        f"{key} lies in the planned range but is not in the manifest"
+        for key in files_at_or_after(storage, manifest.topic, starts)
+        if key not in listed
+    ]
+
+
+def files_at_or_after(storage: Storage, topic: str, position: Mapping[int, int]) -> list[str]:
+    """Data files of `topic` (any kind or generation) whose first offset is at or after
+    `position`, or whose partition `position` does not know. Other objects are ignored."""
+    found = []
+    for prefix in data_prefixes(topic):
+        for key in storage.list(prefix):
+            f = parse_data_key(key)
+            if (
+                f is not None
+                and f.topic == topic
+                and f.first_offset >= position.get(f.partition, 0)
+            ):
+                found.append(key)
+    return found
+
+
+def _report(manifest: Manifest) -> VerifyReport:
+    partitions: dict[int, Counts] = {}
+    for p in sorted(manifest.ranges):
+        entries = [e for e in manifest.files if e.partition == p]
+        partitions[p] = Counts(
+            read=manifest.records_read.get(p, 0),
+            backup=sum(e.records for e in entries if e.kind == "backup"),
+            partitioned=sum(e.records for e in entries if e.kind == "partitioned"),
+            quarantined=sum(e.records for e in entries if e.kind == "quarantine"),
+            bytes=sum(e.bytes for e in entries),
+            files=len(entries),
+        )
+    total = Counts(
+        **{
+            field: sum(getattr(c, field) for c in partitions.values())
+            for field in Counts.model_fields
+        }
+    )
+    return VerifyReport(counts=total, partitions=partitions)

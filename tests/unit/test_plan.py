@@ -1,0 +1,152 @@
+"""Planning decisions: caps, new partitions, retention gaps, recreated topics, lag."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from cairn.plan import (
+    OffsetAheadOfKafka,
+    PartitionVanished,
+    Plan,
+    RetentionGap,
+    Watermarks,
+    kafka_assign_json,
+    kafka_json_offsets,
+    lag,
+    plan,
+)
+from cairn.tokens import Gap, Token
+
+NOW = datetime(2024, 5, 1, tzinfo=UTC)
+
+
+def token(next_offsets: dict[int, int]) -> Token:
+    return Token(
+        seq=3,
+        topic="orders",
+        generation=1,
+        next_offsets=next_offsets,
+        run_id="run",
+        created_at=NOW,
+        planned_at=NOW,
+    )
+
+
+def wm(**partitions: tuple[int, int]) -> dict[int, Watermarks]:
+    return {int(p[1:]): Watermarks(*lh) for p, lh in partitions.items()}
+
+
+def make(tok, partitions, cap=1000, start="earliest", accept_gaps=False) -> Plan:
+    return plan("orders", tok, partitions, cap, start, accept_gaps)
+
+
+def test_first_run_reads_from_earliest_up_to_the_high_watermark():
+    p = make(None, wm(p0=(5, 50), p1=(0, 0)))
+
+    assert p.ranges == {0: (5, 50), 1: (0, 0)}
+    assert p.to_read == {0: (5, 50)}
+    assert not p.empty and not p.capped and p.gaps == []
+    assert p.next_offsets == {0: 50, 1: 0}
+
+
+def test_first_run_from_latest_reads_nothing_but_records_the_position():
+    p = make(None, wm(p0=(5, 50), p1=(0, 7)), start="latest")
+
+    assert p.empty
+    assert p.next_offsets == {0: 50, 1: 7}
+
+
+def test_cap_bounds_each_partition_and_flags_more_waiting():
+    p = make(token({0: 10, 1: 0}), wm(p0=(0, 1000), p1=(0, 40)), cap=100)
+
+    assert p.ranges == {0: (10, 110), 1: (0, 40)}
+    assert p.capped
+    assert p.next_offsets == {0: 110, 1: 40}
+
+
+def test_range_ending_exactly_at_the_cap_is_not_capped():
+    p = make(token({0: 10}), wm(p0=(0, 110)), cap=100)
+
+    assert p.ranges == {0: (10, 110)} and not p.capped
+
+
+def test_nothing_new_is_an_empty_plan_keeping_the_position():
+    p = make(token({0: 50, 1: 7}), wm(p0=(0, 50), p1=(7, 7)))
+
+    assert p.empty and not p.capped
+    assert p.next_offsets == {0: 50, 1: 7}
+    with pytest.raises(ValueError, match="reads nothing"):
+        kafka_json_offsets("orders", p)
+
+
+@pytest.mark.parametrize(("start", "expected"), [("earliest", (0, 7)), ("latest", (7, 7))])
+def test_partition_added_after_the_token_follows_the_policy(start, expected):
+    p = make(token({0: 10}), wm(p0=(0, 10), p1=(0, 7)), start=start)
+
+    assert p.ranges[1] == expected
+    assert p.ranges[0] == (10, 10)
+
+
+def test_retention_gap_is_raised_naming_topic_partition_and_range():
+    with pytest.raises(
+        RetentionGap, match=r"'orders' partition 1: offsets \[10, 25\) were deleted"
+    ):
+        make(token({0: 0, 1: 10}), wm(p0=(0, 5), p1=(25, 40)))
+
+
+def test_accepted_retention_gap_skips_to_low_and_is_recorded():
+    p = make(token({0: 0, 1: 10}), wm(p0=(0, 5), p1=(25, 40)), accept_gaps=True)
+
+    assert p.ranges == {0: (0, 5), 1: (25, 40)}
+    assert p.gaps == [Gap(partition=1, from_offset=10, to_offset=25)]
+
+
+def test_new_partition_that_already_lost_records_is_a_gap():
+    with pytest.raises(RetentionGap, match=r"partition 1: offsets \[0, 3\)"):
+        make(token({0: 10}), wm(p0=(0, 10), p1=(3, 9)))
+
+    p = make(token({0: 10}), wm(p0=(0, 10), p1=(3, 9)), accept_gaps=True)
+    assert p.ranges[1] == (3, 9)
+    assert p.gaps == [Gap(partition=1, from_offset=0, to_offset=3)]
+
+
+def test_token_ahead_of_kafka_explains_recreated_topic():
+    with pytest.raises(OffsetAheadOfKafka) as err:
+        make(token({0: 500}), wm(p0=(0, 100)))
+
+    message = str(err.value)
+    assert "'orders' partition 0" in message and "500" in message and "100" in message
+    assert "recreated" in message and "aside" in message
+
+
+def test_partition_that_vanished_from_kafka_is_an_error():
+    with pytest.raises(PartitionVanished, match=r"partitions \[1\]"):
+        make(token({0: 1, 1: 1}), wm(p0=(0, 5)))
+
+
+def test_cap_must_be_positive():
+    with pytest.raises(ValueError, match="cap"):
+        make(None, wm(p0=(0, 5)), cap=0)
+
+
+def test_plan_survives_a_json_round_trip_between_tasks():
+    p = make(token({0: 10}), wm(p0=(0, 500), p1=(3, 9)), cap=100, accept_gaps=True)
+
+    assert Plan.model_validate_json(p.model_dump_json()) == p
+
+
+def test_spark_offsets_name_only_partitions_with_records():
+    p = make(token({0: 10, 1: 7, 2: 0}), wm(p0=(0, 20), p1=(0, 7), p2=(0, 3)))
+
+    starting, ending = kafka_json_offsets("orders", p)
+    assert json.loads(starting) == {"orders": {"0": 10, "2": 0}}
+    assert json.loads(ending) == {"orders": {"0": 20, "2": 3}}
+    assert json.loads(kafka_assign_json("orders", p)) == {"orders": [0, 2]}
+
+
+def test_lag_counts_records_kafka_holds_beyond_the_position():
+    watermarks = wm(p0=(0, 100), p1=(0, 5), p2=(3, 9), p3=(50, 60))
+
+    assert lag({0: 10, 1: 5, 3: 20}, watermarks) == {0: 90, 1: 0, 2: 6, 3: 10}
