@@ -171,7 +171,5 @@ def free_port_block(count: int, step: int = 1) -> list[int]:
     while True:
         base = free_port()
         ports = [base + i * step for i in range(count)]
-        if ports[-1] + step < 55000 and all(
-            port_free(p + j) for p in ports for j in range(step)
-        ):
+        if ports[-1] + step < 55000 and all(port_free(p + j) for p in ports for j in range(step)):
             return ports

@@ -7,7 +7,6 @@ import json
 import uuid
 
 import pytest
-
 from cairn.storage import ObjectExists, Storage
 from cairn_stack.demo import create_topic, produce
 
@@ -49,7 +48,10 @@ def test_storage_write_read_list_delete(storage: Storage) -> None:
     storage.write("backup/t/partition=0/a.avro", b"one again")
 
     assert storage.read("backup/t/partition=0/a.avro") == b"one again"
-    assert storage.list("backup/t") == ["backup/t/partition=0/a.avro", "backup/t/partition=1/b.avro"]
+    assert storage.list("backup/t") == [
+        "backup/t/partition=0/a.avro",
+        "backup/t/partition=1/b.avro",
+    ]
     assert storage.list("nothing/here") == []
 
     storage.delete("backup/t/partition=0/a.avro")

@@ -1,0 +1,152 @@
+"""Avro schemas of the verbatim outputs and a streaming, bounded-memory file writer (fastavro)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import fastavro
+from fastavro.schema import SchemaParseException, UnknownType
+from fastavro.write import Writer
+
+CODECS = ("deflate", "snappy", "zstandard", "null")
+
+# fastavro buffers one block in memory and compresses it once it passes this size, so a writer
+# holds ~1 MiB (plus one record) however many records go through it. fastavro's default (16 kB)
+# and Java Avro's (64 kB) make many tiny deflate blocks; 1 MiB compresses better and every
+# reader streams blocks of that size without trouble.
+SYNC_INTERVAL = 1 << 20
+
+_HEADER = {
+    "type": "record",
+    "name": "CairnHeader",
+    "fields": [
+        {"name": "key", "type": "string"},
+        {"name": "value", "type": ["null", "bytes"], "default": None},
+    ],
+}
+
+# Every Kafka record, verbatim: the backup never parses, so it never fails on content.
+BACKUP_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "CairnBackupRecord",
+    "namespace": "cairn",
+    "fields": [
+        {"name": "topic", "type": "string"},
+        {"name": "partition", "type": "int"},
+        {"name": "offset", "type": "long"},
+        {"name": "timestamp", "type": "long", "doc": "Kafka record timestamp, epoch millis"},
+        {"name": "timestamp_type", "type": "int", "doc": "0 CreateTime, 1 LogAppendTime"},
+        {"name": "key", "type": ["null", "bytes"], "default": None},
+        {"name": "value", "type": ["null", "bytes"], "default": None},
+        {"name": "headers", "type": {"type": "array", "items": _HEADER}, "default": []},
+    ],
+}
+
+# A record the parser refused: the verbatim record plus why, so nothing is ever dropped.
+QUARANTINE_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "CairnQuarantineRecord",
+    "namespace": "cairn",
+    "fields": [
+        *copy.deepcopy(BACKUP_SCHEMA["fields"]),
+        {"name": "reason", "type": "string"},
+        {"name": "processing_time", "type": "long", "doc": "when Cairn parsed it, epoch millis"},
+    ],
+}
+
+
+def load_schema(path: str | Path) -> dict[str, Any]:
+    """Read an .avsc file that must hold a record schema; return it as plain JSON (unparsed)."""
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            raise ValueError("top level must be an Avro record")
+        if not isinstance(schema.get("fields"), list):
+            raise ValueError("record has no 'fields' list")
+        fastavro.parse_schema(schema)
+    except UnknownType as err:
+        raise ValueError(f"schema {path}: unknown type {err}") from None
+    except (OSError, ValueError, SchemaParseException) as err:
+        raise ValueError(f"schema {path}: {err}") from None
+    return schema
+
+
+@functools.cache
+def codec_available(codec: str) -> bool:
+    """True if this Python can write `codec` (snappy and zstandard need optional libraries)."""
+    if codec not in CODECS:
+        return False
+    writer = Writer(io.BytesIO(), {"type": "string"}, codec)
+    writer.write("probe")
+    try:
+        writer.flush()
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class FileStats:
+    """What one file holds: the numbers Verify and the run summary need."""
+
+    records: int = 0
+    min_offset: int | None = None
+    max_offset: int | None = None
+    min_event_time: int | None = None
+    max_event_time: int | None = None
+
+
+class AvroFileWriter:
+    """Stream records into one Avro container file with memory bounded by one block.
+
+    `fileobj` stays open (its owner, e.g. `Storage.open_write`, publishes or discards it);
+    `close()` writes the last block. The codec is checked up front so a missing library fails
+    before any Kafka data is read, not at the first block.
+    """
+
+    def __init__(
+        self,
+        fileobj: IO[bytes],
+        schema: dict[str, Any],
+        codec: str = "deflate",
+        sync_interval: int = SYNC_INTERVAL,
+    ) -> None:
+        if not codec_available(codec):
+            raise ValueError(f"Avro codec {codec!r} is unknown or its library is not installed")
+        self._writer = Writer(fileobj, schema, codec, sync_interval)
+        self._closed = False
+        self.stats = FileStats()
+
+    def append(self, record: dict[str, Any], offset: int, event_time: int | None = None) -> None:
+        """Write one record; `offset` and `event_time` (epoch millis) feed the file's stats."""
+        if self._closed:
+            raise ValueError("writer is closed")
+        self._writer.write(record)
+        s = self.stats
+        s.records += 1
+        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, offset)
+        if event_time is not None:
+            s.min_event_time, s.max_event_time = _widen(
+                s.min_event_time, s.max_event_time, event_time
+            )
+
+    def flush(self) -> None:
+        """Write the buffered block out (the file stays valid Avro after each flush)."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._writer.flush()
+            self._closed = True
+
+
+def _widen(low: int | None, high: int | None, value: int) -> tuple[int, int]:
+    if low is None or high is None:
+        return value, value
+    return min(low, value), max(high, value)

@@ -1,0 +1,358 @@
+"""Topic configuration: `include/topics.yaml`, validated entry by entry with pydantic.
+
+A bad entry is reported (entry, field, message) and skipped; the good ones still load, so one typo
+does not take every topic's DAG down. Pattern entries become concrete topics only in `resolve`,
+against the topic names Kafka reports.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import tzinfo
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from croniter import croniter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from cairn.avro import load_schema
+from cairn.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic
+from cairn.parsing import output_schema
+
+REPO = Path(__file__).resolve().parents[2]
+INCLUDE_DIR = REPO / "include"
+DEFAULT_ARCHIVE_ROOT = (REPO / ".cairn" / "archive").as_uri()
+
+# Airflow's presets; anything else must be a five-field cron expression.
+SCHEDULE_PRESETS = {
+    "@continuous",
+    "@hourly",
+    "@daily",
+    "@weekly",
+    "@monthly",
+    "@quarterly",
+    "@yearly",
+    "@annually",
+}
+
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_CONN_ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_FIELD_PATH_RE = re.compile(r"[^.\s]+(\.[^.\s]+)*")
+
+
+class FieldError(ValueError):
+    """A cross-field check that still names the field to blame."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ArchiveRoot(NamedTuple):
+    scheme: Literal["file", "s3"]
+    conn_id: str | None  # Airflow connection holding the S3 endpoint and credentials
+    bucket: str | None
+    prefix: str  # absolute directory for file://, key prefix (no slashes around it) for s3://
+
+    @property
+    def storage_url(self) -> str:
+        """The URL `cairn.storage.Storage` takes (credentials come from the connection)."""
+        if self.scheme == "file":
+            return f"file://{self.prefix}"
+        return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+
+def parse_archive_root(url: str) -> ArchiveRoot:
+    """Split `file:///abs/path` or `s3://<conn_id>@<bucket>/<prefix>`; reject anything else."""
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise ValueError(f"archive root {url!r}: no query or fragment allowed")
+    segments = [s for s in parts.path.split("/") if s]
+    if any(s in (".", "..") for s in segments):
+        raise ValueError(f"archive root {url!r}: '.' and '..' are not allowed")
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ValueError(f"archive root {url!r}: use file:///absolute/path")
+        if not segments:
+            raise ValueError(f"archive root {url!r}: refusing the filesystem root")
+        return ArchiveRoot("file", None, None, "/" + "/".join(segments))
+    if parts.scheme == "s3":
+        conn_id, at, bucket = parts.netloc.rpartition("@")
+        if not at or not _CONN_ID_RE.fullmatch(conn_id):
+            raise ValueError(
+                f"archive root {url!r}: name the Airflow connection, s3://<conn_id>@<bucket>/<prefix>"
+            )
+        if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+            raise ValueError(f"archive root {url!r}: {bucket!r} is not a valid S3 bucket name")
+        return ArchiveRoot("s3", conn_id, bucket, "/".join(segments))
+    raise ValueError(
+        f"archive root {url!r}: expected file:///abs/path or s3://<conn_id>@<bucket>/<prefix>"
+    )
+
+
+def dag_safe(topic: str) -> str:
+    """`topic` as an Airflow dag_id fragment: `.` becomes `__dot__`, everything else stays.
+
+    Dots would split Airflow's metric names (`dagrun.duration.<dag_id>`) into bogus levels;
+    `_` and `-` are fine. The mapping is reversible (`.replace("__dot__", ".")`) because a topic
+    that already contains `__dot__` is refused rather than risk two topics sharing a DAG.
+    """
+    check_topic(topic)
+    if "__dot__" in topic:
+        raise ValueError(f"topic {topic!r} contains '__dot__' and cannot be mapped to a DAG id")
+    return topic.replace(".", "__dot__")
+
+
+class EventTime(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str  # dotted path into the JSON object, e.g. `meta.ts`
+    encoding: Literal["epoch_seconds", "epoch_millis", "iso8601"]
+
+    @field_validator("field")
+    @classmethod
+    def _dotted(cls, value: str) -> str:
+        if not _FIELD_PATH_RE.fullmatch(value):
+            raise ValueError(f"{value!r} is not a dotted field path like 'ts' or 'meta.ts'")
+        return value
+
+
+class TopicConfig(BaseModel):
+    """One entry of topics.yaml (after `defaults` are merged in).
+
+    `codec` defaults to deflate: the Avro spec requires every implementation to support it, and
+    fastavro (stdlib zlib), Spark and avro-tools read it with no native library. snappy and
+    zstandard need extra native packages on every writer and reader, the codec trouble that
+    users of Secor and Kafka Connect ran into.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
+    topic: str | None = None
+    pattern: str | None = None
+    format: Literal["json", "raw"]
+    event_time: EventTime | None = None
+    time_source: Literal["event", "processing"] = "event"
+    schema_file: str | None = Field(default=None, alias="schema")
+    path_format: str = DEFAULT_PATH_FORMAT
+    timezone: str = "UTC"
+    generation: int = Field(default=1, ge=1)
+    max_records_per_partition: int = Field(default=500_000, gt=0)
+    schedule: str = "*/10 * * * *"
+    archive_root: str = DEFAULT_ARCHIVE_ROOT
+    codec: Literal["deflate", "snappy", "zstandard", "null"] = "deflate"
+    new_partition_start: Literal["earliest", "latest"] = "earliest"
+    accept_gaps: bool = False
+
+    # Directory `schema` is relative to: that of the topics file (include/ by default).
+    _base_dir: Path = PrivateAttr(default=INCLUDE_DIR)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, value: str | None) -> str | None:
+        if value is not None:
+            dag_safe(value)
+        return value
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"invalid regular expression: {err}") from None
+        return value
+
+    @field_validator("path_format")
+    @classmethod
+    def _path_format(cls, value: str) -> str:
+        return check_path_format(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA timezone {value!r}") from None
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        if value in SCHEDULE_PRESETS:
+            return value
+        if len(value.split()) != 5 or not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is neither a 5-field cron expression nor a preset")
+        return value
+
+    @field_validator("archive_root")
+    @classmethod
+    def _archive_root(cls, value: str) -> str:
+        parse_archive_root(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TopicConfig:
+        if (self.topic is None) == (self.pattern is None):
+            raise FieldError("topic", "give exactly one of 'topic' or 'pattern'")
+        if self.format == "raw":
+            if self.event_time is not None:
+                raise FieldError("event_time", "raw topics are backup only; remove it")
+            if self.schema_file is not None:
+                raise FieldError("schema", "raw topics are backup only; remove it")
+            return self
+        if self.schema_file is None:
+            raise FieldError("schema", "json topics need an Avro schema (.avsc)")
+        if self.time_source == "processing" and self.event_time is not None:
+            raise FieldError("event_time", "drop it, or drop time_source: processing")
+        if self.time_source == "event" and self.event_time is None:
+            raise FieldError("event_time", "json topics need event_time or time_source: processing")
+        return self
+
+    @property
+    def name(self) -> str:
+        """How errors and logs refer to this entry."""
+        return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
+
+    @property
+    def tzinfo(self) -> tzinfo:
+        return ZoneInfo(self.timezone)
+
+    @property
+    def root(self) -> ArchiveRoot:
+        return parse_archive_root(self.archive_root)
+
+    @property
+    def schema_path(self) -> Path | None:
+        return None if self.schema_file is None else self._base_dir / self.schema_file
+
+    @cached_property
+    def user_schema(self) -> dict[str, Any] | None:
+        """The topic's Avro record schema, read once (None for raw topics)."""
+        return None if self.schema_path is None else load_schema(self.schema_path)
+
+    def matches(self, topic: str) -> bool:
+        """Whether this entry covers `topic`; patterns never match internal `__` topics."""
+        if self.topic is not None:
+            return topic == self.topic
+        return not topic.startswith("__") and re.fullmatch(self.pattern or "", topic) is not None
+
+
+@dataclass(frozen=True)
+class TopicConfigError:
+    entry: str  # "topic 'x'", "pattern 'y'", "entry #3", "defaults" or "file"
+    field: str  # dotted field path, "" when the entry as a whole is wrong
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.entry}: {self.field}" if self.field else self.entry
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class LoadResult:
+    topics: list[TopicConfig]
+    errors: list[TopicConfigError]
+
+
+def load_topics(path: str | Path) -> LoadResult:
+    """Load every valid entry of a topics file; collect what is wrong with the others.
+
+    `defaults` are merged into each entry shallowly (an entry's `event_time` replaces the
+    default's whole). Schemas are read now so a missing or clashing .avsc is an entry error here,
+    not a failed run later. A file that is not YAML at all raises.
+    """
+    path = Path(path)
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(doc, dict):
+        return LoadResult([], [TopicConfigError("file", "", f"{path}: expected a mapping")])
+    errors = [
+        TopicConfigError("file", key, "unknown top-level key; expected 'defaults' and 'topics'")
+        for key in doc
+        if key not in ("defaults", "topics")
+    ]
+    defaults = doc.get("defaults") or {}
+    if not isinstance(defaults, dict) or {"topic", "pattern"} & set(defaults):
+        errors.append(TopicConfigError("defaults", "", "must be a mapping without topic/pattern"))
+        defaults = {}
+    entries = doc.get("topics") or []
+    if not isinstance(entries, list):
+        errors.append(TopicConfigError("file", "topics", "must be a list of entries"))
+        entries = []
+
+    topics: list[TopicConfig] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        label = _label(entry, index)
+        if not isinstance(entry, dict):
+            errors.append(TopicConfigError(label, "", "entry must be a mapping"))
+            continue
+        try:
+            cfg = TopicConfig.model_validate({**defaults, **entry})
+        except ValidationError as err:
+            errors.extend(_errors(label, err))
+            continue
+        if cfg.name in seen:
+            errors.append(TopicConfigError(label, "", "listed more than once"))
+            continue
+        cfg._base_dir = path.resolve().parent
+        if cfg.format == "json":
+            try:
+                output_schema(cfg.user_schema or {})
+            except ValueError as err:
+                errors.append(TopicConfigError(label, "schema", str(err)))
+                continue
+        seen.add(cfg.name)
+        topics.append(cfg)
+    return LoadResult(topics, errors)
+
+
+def resolve(entries: list[TopicConfig], kafka_topic_names: list[str]) -> list[TopicConfig]:
+    """Concrete per-topic configs, sorted by topic.
+
+    Exact entries always count (a topic may be configured before it exists) and win over
+    patterns; among patterns the first listed wins. Patterns never match internal `__` topics.
+    """
+    chosen = {e.topic: e for e in entries if e.topic is not None}
+    patterns = [e for e in entries if e.pattern is not None]
+    for name in sorted(set(kafka_topic_names) - chosen.keys()):
+        entry = next((p for p in patterns if p.matches(name)), None)
+        if entry is not None:
+            chosen[name] = entry.model_copy(update={"topic": name, "pattern": None})
+    return [chosen[name] for name in sorted(chosen)]
+
+
+def _label(entry: object, index: int) -> str:
+    if isinstance(entry, dict):
+        for key in ("topic", "pattern"):
+            if isinstance(entry.get(key), str):
+                return f"{key} {entry[key]!r}"
+    return f"entry #{index + 1}"
+
+
+def _errors(label: str, err: ValidationError) -> list[TopicConfigError]:
+    found = []
+    for detail in err.errors(include_url=False):
+        cause = (detail.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):
+            found.append(TopicConfigError(label, cause.field, str(cause)))
+            continue
+        field = ".".join(str(p) for p in detail["loc"])
+        message = str(cause) if isinstance(cause, ValueError) else detail["msg"]
+        found.append(TopicConfigError(label, field, message))
+    return found

@@ -1,0 +1,178 @@
+"""Deterministic object names under an archive root, Secor style.
+
+A record's Kafka coordinates name the file that holds it: every data file is
+`<gen>_<partition>_<first offset, 20 digits>.avro`, so a re-read of the same range writes the same
+name (never a second copy) and cleanup can tell from a name alone which attempt wrote it.
+`parse_data_key` inverts the builders; anything it does not recognise is not Cairn's data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, tzinfo
+from typing import Literal
+
+DataKind = Literal["backup", "partitioned", "quarantine"]
+DATA_KINDS: tuple[DataKind, ...] = ("backup", "partitioned", "quarantine")
+
+DEFAULT_PATH_FORMAT = "dt=%Y-%m-%d/hr=%H"
+
+# Kafka's own rule for topic names (plus its ban on "." and ".."): these are path-safe.
+_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_SAFE_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,200}")
+_FILE_RE = re.compile(r"(\d+)_(\d+)_(\d{20})\.avro")
+_TOKEN_RE = re.compile(r"_tokens/([^/]+)/(\d{12})\.json")
+_HIVE_KEY_RE = re.compile(r"[a-z_][a-z0-9_]*")
+_FORMAT_VALUE_RE = re.compile(r"(?:%[YmdHM]|[A-Za-z0-9_-])+")
+_MAX_OFFSET = 10**20 - 1
+
+
+def check_topic(topic: str) -> str:
+    """Return `topic` if it is a legal Kafka topic name (and so safe as one path segment)."""
+    if not _is_topic(topic):
+        raise ValueError(f"invalid Kafka topic name {topic!r}: expected [a-zA-Z0-9._-]{{1,249}}")
+    return topic
+
+
+def data_file_name(gen: int, partition: int, first_offset: int) -> str:
+    if gen < 1 or partition < 0 or not 0 <= first_offset <= _MAX_OFFSET:
+        raise ValueError(f"bad coordinates gen={gen} partition={partition} offset={first_offset}")
+    return f"{gen}_{partition}_{first_offset:020d}.avro"
+
+
+def backup_key(topic: str, gen: int, partition: int, first_offset: int) -> str:
+    name = data_file_name(gen, partition, first_offset)
+    return f"backup/{check_topic(topic)}/partition={partition}/{name}"
+
+
+def partitioned_key(topic: str, gen: int, partition: int, first_offset: int, folder: str) -> str:
+    if not is_safe_folder(folder):
+        raise ValueError(f"unsafe partition folder {folder!r}")
+    name = data_file_name(gen, partition, first_offset)
+    return f"partitioned/{check_topic(topic)}/{folder}/{name}"
+
+
+def quarantine_key(
+    topic: str, gen: int, partition: int, first_offset: int, processing_date: date
+) -> str:
+    name = data_file_name(gen, partition, first_offset)
+    return f"quarantine/{check_topic(topic)}/dt={processing_date.isoformat()}/{name}"
+
+
+def data_prefixes(topic: str) -> list[str]:
+    """The prefixes holding `topic`'s data files (what cleanup lists)."""
+    return [f"{kind}/{check_topic(topic)}/" for kind in DATA_KINDS]
+
+
+def token_key(topic: str, seq: int) -> str:
+    if not 0 <= seq < 10**12:
+        raise ValueError(f"token sequence {seq} out of range")
+    return f"_tokens/{check_topic(topic)}/{seq:012d}.json"
+
+
+def token_seq(key: str) -> int | None:
+    """The sequence number of a token key, or None if `key` is not one."""
+    match = _TOKEN_RE.fullmatch(key)
+    return int(match.group(2)) if match and _is_topic(match.group(1)) else None
+
+
+def manifest_key(topic: str, attempt_id: str) -> str:
+    if not _SAFE_ID_RE.fullmatch(attempt_id) or attempt_id in (".", ".."):
+        raise ValueError(f"unsafe attempt id {attempt_id!r}")
+    return f"_manifests/{check_topic(topic)}/{attempt_id}.json"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A data file's identity, recovered from its key."""
+
+    kind: DataKind
+    topic: str
+    folder: str
+    gen: int
+    partition: int
+    first_offset: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.topic}/{self.folder}/" + data_file_name(
+            self.gen, self.partition, self.first_offset
+        )
+
+
+def parse_data_key(key: str) -> DataFile | None:
+    """Invert the data-key builders; None for anything that is not a canonical data file key."""
+    parts = key.split("/")
+    if len(parts) < 4 or parts[0] not in DATA_KINDS or not _is_topic(parts[1]):
+        return None
+    kind, topic, folder, name = parts[0], parts[1], "/".join(parts[2:-1]), parts[-1]
+    match = _FILE_RE.fullmatch(name)
+    if not match or not is_safe_folder(folder):
+        return None
+    gen, partition, first = (int(g) for g in match.groups())
+    if kind == "backup" and folder != f"partition={partition}":
+        return None
+    if kind == "quarantine" and not _is_date_folder(folder):
+        return None
+    try:
+        found = DataFile(kind, topic, folder, gen, partition, first)  # type: ignore[arg-type]
+        return found if found.key == key else None  # rejects non-canonical numbers
+    except ValueError:
+        return None
+
+
+def is_safe_folder(folder: str) -> bool:
+    """True if every segment is a Hive-style `key=value` that cannot escape or confuse a path."""
+    segments = folder.split("/")
+    return all(
+        seg and "=" in seg and ".." not in seg and "\\" not in seg and "\0" not in seg
+        for seg in segments
+    )
+
+
+def check_path_format(path_format: str) -> str:
+    """Validate a per-topic folder format; return it unchanged.
+
+    Only `%Y %m %d %H %M` and the literals `[A-Za-z0-9_-]` are allowed, in Hive-style
+    `key=value` segments so Spark, Trino and Athena discover them. `%Y %m %d` are required so
+    each folder belongs to exactly one date (what the rebuild DAG re-derives).
+    """
+    keys = []
+    for segment in path_format.split("/"):
+        key, sep, value = segment.partition("=")
+        if not sep or not _HIVE_KEY_RE.fullmatch(key) or not _FORMAT_VALUE_RE.fullmatch(value):
+            raise ValueError(
+                f"segment {segment!r} must be key=value with a lowercase key and a value of "
+                "%Y %m %d %H %M and [A-Za-z0-9_-] only"
+            )
+        keys.append(key)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"repeated folder key in {path_format!r}")
+    missing = [d for d in ("%Y", "%m", "%d") if d not in path_format]
+    if missing:
+        raise ValueError(f"{path_format!r} lacks {' '.join(missing)}: each folder needs a date")
+    return path_format
+
+
+def event_folder(path_format: str, when: datetime, tz: tzinfo) -> str:
+    """The folder for an aware datetime, rendered in the topic's timezone."""
+    if when.tzinfo is None:
+        raise ValueError("event_folder needs a timezone-aware datetime")
+    return when.astimezone(tz).strftime(path_format)
+
+
+def folder_date(folder: str, path_format: str = DEFAULT_PATH_FORMAT) -> date:
+    """The date a partitioned folder belongs to (in the topic's timezone)."""
+    return datetime.strptime(folder, path_format).date()
+
+
+def _is_topic(name: object) -> bool:
+    return isinstance(name, str) and bool(_TOPIC_RE.fullmatch(name)) and name not in (".", "..")
+
+
+def _is_date_folder(folder: str) -> bool:
+    try:
+        return folder_date(folder, "dt=%Y-%m-%d").isoformat() == folder[3:]
+    except ValueError:
+        return False

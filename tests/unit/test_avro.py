@@ -1,0 +1,128 @@
+import io
+import json
+
+import fastavro
+import pytest
+from cairn.avro import (
+    BACKUP_SCHEMA,
+    CODECS,
+    QUARANTINE_SCHEMA,
+    AvroFileWriter,
+    codec_available,
+    load_schema,
+)
+
+
+def backup_record(offset: int, value: bytes | None = b"{}") -> dict:
+    return {
+        "topic": "t",
+        "partition": 0,
+        "offset": offset,
+        "timestamp": 1_700_000_000_000,
+        "timestamp_type": 0,
+        "key": None,
+        "value": value,
+        "headers": [{"key": "h", "value": b"\x00\xff"}, {"key": "n", "value": None}],
+    }
+
+
+@pytest.mark.parametrize("codec", ["deflate", "null"])
+def test_written_file_reads_back_with_the_requested_codec(codec):
+    buf = io.BytesIO()
+    writer = AvroFileWriter(buf, BACKUP_SCHEMA, codec)
+    records = [backup_record(o, None if o == 3 else bytes([o]) * o) for o in range(10, 0, -1)]
+    for i, record in enumerate(records):
+        writer.append(record, record["offset"], event_time=1000 - i)
+    writer.close()
+
+    buf.seek(0)
+    reader = fastavro.reader(buf)
+    assert reader.codec == codec
+    assert reader.writer_schema["name"] == "cairn.CairnBackupRecord"
+    assert list(reader) == records
+    stats = writer.stats
+    assert (stats.records, stats.min_offset, stats.max_offset) == (10, 1, 10)
+    assert (stats.min_event_time, stats.max_event_time) == (991, 1000)
+
+
+def test_every_codec_either_round_trips_or_fails_before_any_data():
+    for codec in CODECS:
+        buf = io.BytesIO()
+        if not codec_available(codec):  # snappy/zstandard without their optional libraries
+            with pytest.raises(ValueError, match=codec):
+                AvroFileWriter(buf, BACKUP_SCHEMA, codec)
+            continue
+        writer = AvroFileWriter(buf, BACKUP_SCHEMA, codec)
+        writer.append(backup_record(0), 0)
+        writer.close()
+        buf.seek(0)
+        assert fastavro.reader(buf).codec == codec
+    assert codec_available("deflate") and not codec_available("lzma")
+
+
+def test_memory_is_bounded_by_one_block():
+    """Blocks go to the file as they fill, so the writer's buffer never holds the whole file."""
+    buf = io.BytesIO()
+    writer = AvroFileWriter(buf, BACKUP_SCHEMA, "null", sync_interval=64 * 1024)
+    unwritten, longest = 0, 0  # records appended since the file last grew
+    for offset in range(2000):
+        before = buf.tell()
+        writer.append(backup_record(offset, b"x" * 1000), offset)
+        unwritten = 0 if buf.tell() > before else unwritten + 1
+        longest = max(longest, unwritten)
+    assert buf.tell() > 1_900_000  # ~2 MB in the file before close
+    assert longest <= 64  # never more than one 64 KiB block of ~1 KB records held back
+    writer.close()
+    buf.seek(0)
+    assert sum(1 for _ in fastavro.reader(buf)) == 2000
+
+
+def test_events_at_epoch_zero_count_in_stats():
+    writer = AvroFileWriter(io.BytesIO(), BACKUP_SCHEMA)
+    writer.append(backup_record(5), 5, event_time=0)
+    writer.append(backup_record(6), 6, event_time=-5)
+    writer.append(backup_record(7), 7)
+    assert (writer.stats.min_event_time, writer.stats.max_event_time) == (-5, 0)
+
+
+def test_empty_file_is_valid_avro_and_closed_writer_refuses_records():
+    buf = io.BytesIO()
+    writer = AvroFileWriter(buf, QUARANTINE_SCHEMA)
+    writer.close()
+    with pytest.raises(ValueError):
+        writer.append({}, 0)
+    buf.seek(0)
+    assert list(fastavro.reader(buf)) == []
+
+
+def test_quarantine_schema_is_backup_plus_reason():
+    names = [f["name"] for f in QUARANTINE_SCHEMA["fields"]]
+    assert names == [f["name"] for f in BACKUP_SCHEMA["fields"]] + ["reason", "processing_time"]
+    buf = io.BytesIO()
+    writer = AvroFileWriter(buf, QUARANTINE_SCHEMA)
+    record = backup_record(1, b"\xff") | {"reason": "invalid UTF-8 at byte 0", "processing_time": 1}
+    writer.append(record, 1)
+    writer.close()
+    buf.seek(0)
+    assert list(fastavro.reader(buf)) == [record]
+
+
+def test_load_schema(tmp_path):
+    good = tmp_path / "good.avsc"
+    good.write_text(json.dumps({"type": "record", "name": "R", "fields": []}))
+    assert load_schema(good)["name"] == "R"
+
+    cases = {
+        "missing.avsc": None,
+        "notjson.avsc": "{",
+        "enum.avsc": json.dumps({"type": "enum", "name": "E", "symbols": ["A"]}),
+        "nofields.avsc": json.dumps({"type": "record", "name": "R"}),
+        "badtype.avsc": json.dumps(
+            {"type": "record", "name": "R", "fields": [{"name": "a", "type": "Nope"}]}
+        ),
+    }
+    for name, text in cases.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=name):
+            load_schema(tmp_path / name)

@@ -1,0 +1,310 @@
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from cairn.config import (
+    DEFAULT_ARCHIVE_ROOT,
+    ArchiveRoot,
+    TopicConfig,
+    dag_safe,
+    load_topics,
+    parse_archive_root,
+    resolve,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = {"type": "record", "name": "E", "fields": [{"name": "ts", "type": "long"}]}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "schemas").mkdir(exist_ok=True)
+    (tmp_path / "schemas" / "e.avsc").write_text(json.dumps(SCHEMA))
+    path = tmp_path / "topics.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def errors_by_entry(result) -> dict[str, list[tuple[str, str]]]:
+    found: dict[str, list[tuple[str, str]]] = {}
+    for e in result.errors:
+        found.setdefault(e.entry, []).append((e.field, e.message))
+    return found
+
+
+def test_repo_topics_file_loads_cleanly():
+    result = load_topics(REPO / "include" / "topics.yaml")
+    assert result.errors == []
+    demo = next(t for t in result.topics if t.topic == "cairn.demo.events")
+    assert demo.format == "json" and demo.user_schema["name"] == "DemoEvent"
+    assert demo.schema_path == REPO / "include" / "schemas" / "demo_event.avsc"
+
+
+def test_defaults_are_merged_and_documented_defaults_apply(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        defaults:
+          timezone: Europe/Berlin
+          generation: 2
+        topics:
+          - topic: a
+            format: raw
+          - topic: b
+            format: json
+            schema: schemas/e.avsc
+            event_time: {field: ts, encoding: epoch_millis}
+            generation: 3
+        """,
+    )
+    result = load_topics(path)
+    assert result.errors == []
+    a, b = result.topics
+    assert (a.timezone, a.generation, b.generation) == ("Europe/Berlin", 2, 3)
+    assert a.path_format == "dt=%Y-%m-%d/hr=%H"
+    assert a.codec == "deflate" and a.schedule == "*/10 * * * *"
+    assert a.max_records_per_partition == 500_000 and a.new_partition_start == "earliest"
+    assert a.accept_gaps is False and a.time_source == "event"
+    assert a.archive_root == DEFAULT_ARCHIVE_ROOT == f"file://{REPO}/.cairn/archive"
+    assert b.user_schema == SCHEMA and b.schema_path == tmp_path / "schemas" / "e.avsc"
+
+
+def test_bad_entries_are_reported_with_topic_and_field_while_good_ones_load(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        topics:
+          - topic: good
+            format: raw
+          - topic: typo
+            format: raw
+            shedule: "@hourly"
+          - topic: badenc
+            format: json
+            schema: schemas/e.avsc
+            event_time: {field: ts, encoding: epoch_nanos}
+          - topic: noschema
+            format: json
+            time_source: processing
+          - topic: noevent
+            format: json
+            schema: schemas/e.avsc
+          - topic: missingfile
+            format: json
+            schema: schemas/nope.avsc
+            time_source: processing
+          - pattern: "orders(["
+            format: raw
+          - topic: tz
+            format: raw
+            timezone: Mars/Olympus
+            generation: 0
+          - topic: cron
+            format: raw
+            schedule: "every minute"
+          - topic: root
+            format: raw
+            archive_root: s3://bucket/prefix
+          - topic: fmt
+            format: raw
+            path_format: "%Y/%m/%d"
+          - topic: "bad/name"
+            format: raw
+          - topic: both
+            pattern: "b.*"
+            format: raw
+          - format: raw
+          - 42
+          - topic: good
+            format: raw
+          - topic: also-good
+            format: raw
+        """,
+    )
+    result = load_topics(path)
+    assert [t.topic for t in result.topics] == ["good", "also-good"]
+    errors = errors_by_entry(result)
+    assert errors["topic 'typo'"] == [("shedule", "Extra inputs are not permitted")]
+    assert errors["topic 'badenc'"][0][0] == "event_time.encoding"
+    assert errors["topic 'noschema'"][0][0] == "schema"
+    assert errors["topic 'noevent'"][0][0] == "event_time"
+    assert errors["topic 'missingfile'"][0][0] == "schema"
+    assert "nope.avsc" in errors["topic 'missingfile'"][0][1]
+    assert errors["pattern 'orders(['"][0][0] == "pattern"
+    assert {f for f, _ in errors["topic 'tz'"]} == {"timezone", "generation"}
+    assert errors["topic 'cron'"][0][0] == "schedule"
+    assert errors["topic 'root'"][0] == (
+        "archive_root",
+        "archive root 's3://bucket/prefix': name the Airflow connection, "
+        "s3://<conn_id>@<bucket>/<prefix>",
+    )
+    assert errors["topic 'fmt'"][0][0] == "path_format"
+    assert errors["topic 'bad/name'"][0][0] == "topic"
+    assert errors["topic 'both'"][0][0] == "topic"
+    assert errors["entry #14"][0][0] == "topic"
+    assert errors["entry #15"] == [("", "entry must be a mapping")]
+    assert errors["topic 'good'"] == [("", "listed more than once")]
+    assert str(result.errors[0]) == "topic 'typo': shedule: Extra inputs are not permitted"
+
+
+def test_raw_topics_refuse_parser_settings(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        topics:
+          - topic: r
+            format: raw
+            schema: schemas/e.avsc
+        """,
+    )
+    assert errors_by_entry(load_topics(path))["topic 'r'"][0][0] == "schema"
+
+
+def test_schema_using_reserved_coordinate_names_is_an_entry_error(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        topics:
+          - topic: c
+            format: json
+            schema: schemas/clash.avsc
+            time_source: processing
+        """,
+    )
+    clash = {"type": "record", "name": "C", "fields": [{"name": "_kafka_offset", "type": "long"}]}
+    (tmp_path / "schemas" / "clash.avsc").write_text(json.dumps(clash))
+    field, message = errors_by_entry(load_topics(path))["topic 'c'"][0]
+    assert field == "schema" and "_kafka_offset" in message
+
+
+def test_file_level_problems(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        defaults: [1]
+        topic: x
+        topics:
+          - topic: ok
+            format: raw
+        """,
+    )
+    result = load_topics(path)
+    assert [t.topic for t in result.topics] == ["ok"]
+    assert {(e.entry, e.field) for e in result.errors} == {("file", "topic"), ("defaults", "")}
+
+
+@pytest.mark.parametrize("schedule", ["@hourly", "@daily", "0 * * * *", "*/5 1-3 * * mon-fri"])
+def test_valid_schedules(schedule):
+    assert TopicConfig(topic="t", format="raw", schedule=schedule).schedule == schedule
+
+
+@pytest.mark.parametrize("schedule", ["@once", "* * *", "*/10 * * * * *", "61 * * * *", ""])
+def test_invalid_schedules(schedule):
+    with pytest.raises(ValueError):
+        TopicConfig(topic="t", format="raw", schedule=schedule)
+
+
+def test_config_survives_a_json_round_trip():
+    """The DAG hands configs to the Spark job as JSON."""
+    cfg = TopicConfig.model_validate(
+        {"topic": "t", "format": "json", "schema": "s.avsc", "time_source": "processing"}
+    )
+    assert TopicConfig.model_validate_json(cfg.model_dump_json()) == cfg
+
+
+def test_resolve_expands_patterns_exact_entries_win_and_internal_topics_never_match():
+    exact = TopicConfig(topic="orders.eu", format="raw", generation=7)
+    first = TopicConfig(pattern=r"orders\..*", format="raw", generation=2)
+    second = TopicConfig(pattern=r".*", format="raw", generation=3)
+    never = TopicConfig(topic="planned.topic", format="raw")
+    kafka = ["orders.us", "orders.eu", "ordersXus", "__consumer_offsets", "__orders.x", "logs"]
+    resolved = resolve([exact, first, second, never], kafka)
+    got = {t.topic: t.generation for t in resolved}
+    assert got == {"orders.eu": 7, "orders.us": 2, "logs": 3, "ordersXus": 3, "planned.topic": 1}
+    assert [t.topic for t in resolved] == sorted(got)
+    assert all(t.pattern is None for t in resolved)
+    # among patterns, the first listed wins
+    assert {t.topic: t.generation for t in resolve([second, first], ["orders.us"])} == {
+        "orders.us": 3
+    }
+
+
+def test_pattern_must_match_the_whole_name():
+    resolved = resolve([TopicConfig(pattern="orders", format="raw")], ["orders", "orders2"])
+    assert [t.topic for t in resolved] == ["orders"]
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("file:///data/archive", ArchiveRoot("file", None, None, "/data/archive")),
+        ("file:///data/archive/", ArchiveRoot("file", None, None, "/data/archive")),
+        (
+            "s3://cairn_s3@my-bucket/kafka/raw",
+            ArchiveRoot("s3", "cairn_s3", "my-bucket", "kafka/raw"),
+        ),
+        (
+            "s3://aws_default@bucket.with.dots",
+            ArchiveRoot("s3", "aws_default", "bucket.with.dots", ""),
+        ),
+    ],
+)
+def test_parse_archive_root(url, expected):
+    assert parse_archive_root(url) == expected
+
+
+def test_archive_root_storage_url():
+    assert parse_archive_root("s3://c@bkt/a/b").storage_url == "s3://bkt/a/b"
+    assert parse_archive_root("s3://c@bkt").storage_url == "s3://bkt"
+    assert parse_archive_root("file:///x/y").storage_url == "file:///x/y"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "file://relative/path",
+        "file:relative",
+        "file:///",
+        "file:///data/../etc",
+        "/data/archive",
+        "s3://bucket/prefix",
+        "s3://@bucket/prefix",
+        "s3://conn:secret@bucket/prefix",
+        "s3://conn@Bad_Bucket/x",
+        "s3://conn@bucket/a/../b",
+        "s3://conn@bucket/x?versionId=1",
+        "gs://conn@bucket/x",
+        "https://example.com/x",
+    ],
+)
+def test_parse_archive_root_rejects(url):
+    with pytest.raises(ValueError, match="archive root"):
+        parse_archive_root(url)
+
+
+def test_dag_safe_is_valid_for_airflow_and_unique():
+    topics = ["a.b", "a_b", "a-b", "a__b", "a.b.c", "A.b"]
+    mapped = [dag_safe(t) for t in topics]
+    assert dag_safe("cairn.demo.events") == "cairn__dot__demo__dot__events"
+    assert len(set(mapped)) == len(topics)
+    assert all(m.replace("_", "").replace("-", "").isalnum() for m in mapped)
+    assert [m.replace("__dot__", ".") for m in mapped] == topics
+    with pytest.raises(ValueError):
+        dag_safe("a__dot__b")  # would collide with "a.b"
+    with pytest.raises(ValueError):
+        dag_safe("a/b")
+
+
+def test_resolved_pattern_topics_keep_their_schema(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        topics:
+          - pattern: 'events[.].+'
+            format: json
+            schema: schemas/e.avsc
+            event_time: {field: ts, encoding: epoch_millis}
+        """,
+    )
+    (resolved,) = resolve(load_topics(path).topics, ["events.a", "other"])
+    assert resolved.topic == "events.a" and resolved.user_schema == SCHEMA
