@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from cairn_stack import services
 from cairn_stack.process import free_port_block
 from cairn_stack.settings import StackSettings

@@ -7,6 +7,7 @@ against the topic names Kafka reports.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from datetime import tzinfo
@@ -35,6 +36,8 @@ from cairn.parsing import output_schema
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
 DEFAULT_ARCHIVE_ROOT = (REPO / ".cairn" / "archive").as_uri()
+TOPICS_FILE = Path(os.environ.get("CAIRN_TOPICS_FILE", INCLUDE_DIR / "topics.yaml"))
+"""The topics file the DAGs and the Spark job read; `CAIRN_TOPICS_FILE` overrides it."""
 
 # Airflow's presets; anything else must be a five-field cron expression.
 SCHEDULE_PRESETS = {
@@ -225,7 +228,7 @@ class TopicConfig(BaseModel):
         return self
 
     @property
-    def name(self) -> str:
+    def label(self) -> str:
         """How errors and logs refer to this entry."""
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
 
@@ -307,7 +310,7 @@ def load_topics(path: str | Path) -> LoadResult:
         except ValidationError as err:
             errors.extend(_errors(label, err))
             continue
-        if cfg.name in seen:
+        if cfg.label in seen:
             errors.append(TopicConfigError(label, "", "listed more than once"))
             continue
         cfg._base_dir = path.resolve().parent
@@ -317,7 +320,7 @@ def load_topics(path: str | Path) -> LoadResult:
             except ValueError as err:
                 errors.append(TopicConfigError(label, "schema", str(err)))
                 continue
-        seen.add(cfg.name)
+        seen.add(cfg.label)
         topics.append(cfg)
     return LoadResult(topics, errors)
 
@@ -356,3 +359,15 @@ def _errors(label: str, err: ValidationError) -> list[TopicConfigError]:
         message = str(cause) if isinstance(cause, ValueError) else detail["msg"]
         found.append(TopicConfigError(label, field, message))
     return found
+
+
+def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
+    """The configuration of one concrete topic (exact or pattern entry); a clear error if the
+    topic is not configured or its entry is invalid."""
+    loaded = load_topics(path)
+    for cfg in resolve(loaded.topics, [topic]):
+        if cfg.topic == topic:
+            return cfg
+    problems = [str(e) for e in loaded.errors]
+    detail = f"; the file has errors: {'; '.join(problems)}" if problems else ""
+    raise LookupError(f"topic {topic!r} is not configured in {path}{detail}")

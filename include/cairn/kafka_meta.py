@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from cairn.plan import Watermarks
@@ -53,5 +55,40 @@ def fetch_watermarks(
                 )
             watermarks[partition] = Watermarks(*offsets)
         return watermarks
+    finally:
+        consumer.close()
+
+
+def timestamps_at(
+    bootstrap_servers: str, topic: str, offsets: dict[int, int], timeout: float = 10.0
+) -> dict[int, int]:
+    """Kafka timestamp (millis) of the record at each partition's offset, for time lag.
+
+    A partition whose record cannot be fetched in time is left out rather than guessed.
+    """
+    if not offsets:
+        return {}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "cairn-lag",
+            "enable.auto.commit": False,
+            "allow.auto.create.topics": False,
+            "fetch.max.bytes": 1024 * 1024,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+        found: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(found) < len(offsets) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            p = msg.partition()
+            if p not in found and msg.offset() >= offsets[p]:
+                found[p] = msg.timestamp()[1]
+                consumer.pause([TopicPartition(topic, p)])
+        return found
     finally:
         consumer.close()

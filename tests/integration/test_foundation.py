@@ -7,6 +7,7 @@ import json
 import uuid
 
 import pytest
+
 from cairn.storage import ObjectExists, Storage
 from cairn_stack.demo import create_topic, produce
 

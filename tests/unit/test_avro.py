@@ -3,6 +3,7 @@ import json
 
 import fastavro
 import pytest
+
 from cairn.avro import (
     BACKUP_SCHEMA,
     CODECS,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from cairn_stack.settings import StackSettings
 
 REPO = Path(__file__).resolve().parents[2]

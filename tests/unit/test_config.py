@@ -3,6 +3,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from cairn.config import (
     DEFAULT_ARCHIVE_ROOT,
     ArchiveRoot,

@@ -2,6 +2,7 @@ from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+
 from cairn.layout import (
     DataFile,
     backup_key,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 
 import pytest
+
 from cairn.layout import backup_key, partitioned_key, quarantine_key
 from cairn.manifest import (
     CorruptManifest,

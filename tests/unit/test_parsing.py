@@ -4,6 +4,7 @@ from datetime import UTC, datetime
 
 import fastavro
 import pytest
+
 from cairn.avro import AvroFileWriter
 from cairn.config import TopicConfig
 from cairn.parsing import (

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+
 from cairn.plan import (
     OffsetAheadOfKafka,
     PartitionVanished,

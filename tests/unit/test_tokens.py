@@ -7,6 +7,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from cairn import tokens
 from cairn.layout import token_key
 from cairn.storage import Storage

@@ -1,0 +1,105 @@
+"""One `archive__<topic>` DAG per configured topic: plan → clean → archive → verify → commit.
+
+Only wiring: each task is one call into `cairn.run` (or the Spark job). Topics come from
+include/topics.yaml; pattern entries are matched against the topic list that the
+`cairn_discover_topics` DAG caches in the `cairn_kafka_topics` Variable, so parsing this file
+never queries Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Variable, get_current_context, task
+
+from cairn import run
+from cairn.config import TOPICS_FILE, TopicConfig, dag_safe, load_topics, resolve
+from cairn.manifest import VerifyReport
+from cairn_airflow import TOPICS_VARIABLE, ArchiveOperator, bootstrap_servers, storage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ARGS = {
+    "owner": "cairn",
+    "retries": 3,
+    "retry_delay": timedelta(seconds=20),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+
+def archive_dag(cfg: TopicConfig) -> DAG:
+    topic = cfg.topic
+    dag_id = f"archive__{dag_safe(topic)}"
+    with DAG(
+        dag_id=dag_id,
+        description=f"Archive Kafka topic {topic} into {cfg.archive_root}",
+        schedule=cfg.schedule,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["cairn", "archive"],
+        doc_md=__doc__,
+    ) as dag:
+
+        @task.short_circuit
+        def plan() -> dict | bool:
+            run_id = get_current_context()["run_id"]
+            planned = run.plan_run(cfg, storage(cfg), bootstrap_servers(), run_id)
+            if planned.plan.empty:
+                log.info("topic %s: nothing new in Kafka; no Spark job, no token", topic)
+                return False
+            log.info("topic %s: reading %s", topic, planned.plan.to_read)
+            return planned.model_dump(mode="json")
+
+        @task
+        def clean() -> list[str]:
+            return run.clean_run(cfg, storage(cfg))
+
+        @task
+        def verify(planned: dict) -> dict:
+            report = run.verify_run(storage(cfg), run.Planned.model_validate(planned))
+            return report.model_dump(mode="json")
+
+        @task
+        def commit(planned: dict, report: dict) -> dict:
+            summary = run.commit_run(
+                cfg,
+                storage(cfg),
+                run.Planned.model_validate(planned),
+                VerifyReport.model_validate(report),
+                bootstrap_servers(),
+            )
+            log.info("run summary: %s", summary.model_dump_json(indent=2))
+            return summary.model_dump(mode="json")
+
+        @task.short_circuit
+        def more_waiting(summary: dict) -> bool:
+            """At the per-run cap: start the next run now instead of waiting for the schedule."""
+            return summary["more_waiting"]
+
+        planned = plan()
+        archive = ArchiveOperator(task_id="archive", topic=topic, planned=planned)
+        report = verify(planned)
+        summary = commit(planned, report)
+        planned >> clean() >> archive >> report
+        more_waiting(summary) >> TriggerDagRunOperator(
+            task_id="drain_backlog", trigger_dag_id=dag_id
+        )
+    return dag
+
+
+def configured_topics() -> list[TopicConfig]:
+    entries = load_topics(TOPICS_FILE).topics
+    known = []
+    if any(entry.pattern for entry in entries):
+        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
+    return resolve(entries, known)
+
+
+for _cfg in configured_topics():
+    globals()[f"archive__{dag_safe(_cfg.topic)}"] = archive_dag(_cfg)

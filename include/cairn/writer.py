@@ -1,0 +1,239 @@
+"""The one-pass writer: one Kafka partition's records in, backup/partitioned/quarantine files out.
+
+The Spark job calls `write_partition` once per task; Spark hands each task the records of one
+Kafka partition in offset order. Every file streams through `Storage.open_write`, so it is
+published whole or not at all, and is named by the offset of its first record, so the same input
+always yields the same names (a retry overwrites, never duplicates).
+
+Memory is bounded by open writers, not by records: each Avro writer buffers one block
+(`cairn.avro.SYNC_INTERVAL`), and at most `max_open_files` partitioned writers plus the backup and
+quarantine writers are open. Without the cap, late data spread over many hours (or a replay of a
+year) would open one writer per folder at once and memory would grow with the spread, the
+out-of-memory that Kafka Connect's S3 sink users hit. With it, the least recently used folder is
+published early and a later record for that folder starts a new file named by its own offset:
+a few more files, the same bounded memory, and still deterministic names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pydantic import BaseModel, NonNegativeInt
+
+from cairn.avro import BACKUP_SCHEMA, QUARANTINE_SCHEMA, AvroFileWriter
+from cairn.layout import DataKind, backup_key, partitioned_key, quarantine_key
+from cairn.manifest import FileEntry
+from cairn.parsing import KafkaCoords, Parsed, compile_schema, parse_record
+from cairn.storage import Storage
+
+if TYPE_CHECKING:
+    from cairn.config import TopicConfig
+
+DEFAULT_MAX_OPEN_FILES = 16
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+class KafkaRecord(NamedTuple):
+    """One Kafka record as the Spark Kafka source delivers it (timestamp in epoch millis)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int  # 0 CreateTime, 1 LogAppendTime
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] | None = None
+
+
+class PartitionResult(BaseModel):
+    """What one call wrote, plus the per-partition totals the manifest and time lag need.
+
+    A pydantic model so the Spark job can ship it from executor to driver as JSON.
+    """
+
+    partition: NonNegativeInt | None  # None when the call got no records
+    records: NonNegativeInt  # records read from the iterator (== records in backup)
+    last_timestamp: int | None  # Kafka timestamp of the last record, epoch millis; None if none
+    files: list[FileEntry]
+
+
+def write_partition(
+    records: Iterable[KafkaRecord],
+    cfg: TopicConfig,
+    storage: Storage,
+    processing_time: datetime,
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+) -> PartitionResult:
+    """Write one Kafka partition's records (offset order) in one pass; see the module doc.
+
+    On any exception the files still open are discarded and the exception propagates; files
+    already published stay, and the pipeline's clean step removes them before a retry.
+    """
+    if cfg.topic is None:
+        raise ValueError(f"{cfg.label}: resolve the pattern to a topic before writing")
+    if processing_time.tzinfo is None:
+        raise ValueError("processing_time must be timezone-aware")
+    if max_open_files < 1:
+        raise ValueError(f"max_open_files must be at least 1, not {max_open_files}")
+    with contextlib.ExitStack() as uploads:  # on error, discards every upload still open
+        writer = _PartitionWriter(cfg, cfg.topic, storage, processing_time, max_open_files, uploads)
+        for record in records:
+            writer.write(record)
+        return writer.finish()
+
+
+class _OpenFile:
+    """One Avro object streaming through `Storage.open_write`.
+
+    Its upload is registered with the call's ExitStack, which discards it if an error unwinds
+    the call; `publish` completes it early (the stack's later exit of it is then a no-op; the
+    stack keeps one empty ExitStack per file, which is as small as the FileEntry list).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        key: str,
+        kind: DataKind,
+        partition: int,
+        schema: dict[str, Any],
+        codec: str,
+        uploads: contextlib.ExitStack,
+    ) -> None:
+        self.storage, self.key, self.kind, self.partition = storage, key, kind, partition
+        with contextlib.ExitStack() as stack:  # a bad codec must not leave the upload open
+            out = stack.enter_context(storage.open_write(key))
+            self.avro = AvroFileWriter(out, schema, codec)
+            self._upload = stack.pop_all()
+        uploads.push(self._upload)
+
+    def publish(self) -> FileEntry:
+        with self._upload:  # an error while writing the last block discards the object
+            self.avro.close()
+        s = self.avro.stats
+        assert s.min_offset is not None and s.max_offset is not None  # opened for a record
+        return FileEntry(
+            key=self.key,
+            kind=self.kind,
+            partition=self.partition,
+            records=s.records,
+            first_offset=s.min_offset,
+            last_offset=s.max_offset,
+            min_event_time=s.min_event_time,
+            max_event_time=s.max_event_time,
+            bytes=self.storage.size(self.key),
+        )
+
+
+class _PartitionWriter:
+    def __init__(
+        self,
+        cfg: TopicConfig,
+        topic: str,
+        storage: Storage,
+        processing_time: datetime,
+        max_open_files: int,
+        uploads: contextlib.ExitStack,
+    ) -> None:
+        self.cfg, self.topic, self.storage, self.uploads = cfg, topic, storage, uploads
+        self.processing_time = processing_time
+        self.processing_ms = (processing_time - _EPOCH) // _MS
+        # The quarantine folder is the processing date in the topic's timezone, like its folders.
+        self.processing_date = processing_time.astimezone(cfg.tzinfo).date()
+        self.max_open = max_open_files
+        self.schema = compile_schema(cfg.user_schema or {}) if cfg.format == "json" else None
+        self.backup: _OpenFile | None = None
+        self.quarantine: _OpenFile | None = None
+        self.partitioned: OrderedDict[str, _OpenFile] = OrderedDict()  # least recent first
+        self.files: list[FileEntry] = []
+        self.records = 0
+        self.last: KafkaRecord | None = None
+
+    def write(self, r: KafkaRecord) -> None:
+        self._check(r)
+        self.records, self.last = self.records + 1, r
+        verbatim = _verbatim(r)
+        if self.backup is None:
+            key = backup_key(self.topic, self.cfg.generation, r.partition, r.offset)
+            self.backup = self._open(key, "backup", r.partition, BACKUP_SCHEMA)
+        self.backup.avro.append(verbatim, r.offset)
+        if self.schema is None:  # raw topic: backup only
+            return
+        coords = KafkaCoords(r.partition, r.offset, r.timestamp)
+        result = parse_record(r.value, self.cfg, self.schema, coords, self.processing_time)
+        if isinstance(result, Parsed):
+            out = self._partitioned(result.folder, r)
+            out.avro.append(result.record, r.offset, result.event_time)
+            return
+        if self.quarantine is None:
+            key = quarantine_key(
+                self.topic, self.cfg.generation, r.partition, r.offset, self.processing_date
+            )
+            self.quarantine = self._open(key, "quarantine", r.partition, QUARANTINE_SCHEMA)
+        extra = {"reason": result.reason, "processing_time": self.processing_ms}
+        self.quarantine.avro.append(verbatim | extra, r.offset)
+
+    def finish(self) -> PartitionResult:
+        for f in (self.backup, self.quarantine, *self.partitioned.values()):
+            if f is not None:
+                self._publish(f)
+        self.partitioned.clear()
+        last = self.last
+        return PartitionResult(
+            partition=None if last is None else last.partition,
+            records=self.records,
+            last_timestamp=None if last is None else last.timestamp,
+            files=self.files,
+        )
+
+    def _partitioned(self, folder: str, r: KafkaRecord) -> _OpenFile:
+        """The open file for `folder`, least-recently-used eviction keeping at most max_open."""
+        found = self.partitioned.get(folder)
+        if found is not None:
+            self.partitioned.move_to_end(folder)
+            return found
+        if len(self.partitioned) >= self.max_open:
+            _, evicted = self.partitioned.popitem(last=False)
+            self._publish(evicted)
+        key = partitioned_key(self.topic, self.cfg.generation, r.partition, r.offset, folder)
+        opened = self._open(key, "partitioned", r.partition, self.schema or {})
+        self.partitioned[folder] = opened
+        return opened
+
+    def _open(self, key: str, kind: DataKind, partition: int, schema: dict[str, Any]) -> _OpenFile:
+        return _OpenFile(self.storage, key, kind, partition, schema, self.cfg.codec, self.uploads)
+
+    def _publish(self, f: _OpenFile) -> None:
+        self.files.append(f.publish())
+
+    def _check(self, r: KafkaRecord) -> None:
+        """File names and verify's offset spans rely on one topic-partition in offset order."""
+        if r.topic != self.topic:
+            raise ValueError(f"record of topic {r.topic!r} given to the writer of {self.topic!r}")
+        last = self.last
+        if last is not None and r.partition != last.partition:
+            raise ValueError(f"partition {r.partition} after {last.partition}: one per call")
+        if last is not None and r.offset <= last.offset:
+            raise ValueError(f"partition {r.partition}: offset {r.offset} after {last.offset}")
+
+
+def _verbatim(r: KafkaRecord) -> dict[str, Any]:
+    """The backup record; bytes() is a no-op for bytes and copies bytearrays from Spark rows."""
+    return {
+        "topic": r.topic,
+        "partition": r.partition,
+        "offset": r.offset,
+        "timestamp": r.timestamp,
+        "timestamp_type": r.timestamp_type,
+        "key": None if r.key is None else bytes(r.key),
+        "value": None if r.value is None else bytes(r.value),
+        "headers": [
+            {"key": k, "value": None if v is None else bytes(v)} for k, v in r.headers or ()
+        ],
+    }

@@ -1,0 +1,110 @@
+"""Spark job: read exactly the planned Kafka ranges and archive them in one pass.
+
+Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
+in offset order, as Arrow batches; `cairn.writer.write_partition` streams them into backup,
+partitioned and quarantine files; the driver gathers what was written into the attempt manifest.
+
+    spark-submit --jars <spark-sql-kafka jars> spark_jobs/archive.py \\
+        --planned '<Planned JSON from the plan task>' --bootstrap-servers host:9092
+
+Storage credentials (fsspec options, JSON) come from the CAIRN_STORAGE_OPTIONS variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from cairn import manifest
+from cairn.config import TOPICS_FILE, find_topic
+from cairn.plan import kafka_assign_json, kafka_json_offsets
+from cairn.run import Planned
+from cairn.storage import Storage
+from cairn.writer import KafkaRecord, PartitionResult, write_partition
+
+# Arrow batches handed to Python are capped in bytes as well as records, so a run of 5 MB
+# values does not hold thousands of them at once: memory is bounded by the batch, not the run.
+ARROW_CONF = {
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "5000",
+    "spark.sql.execution.arrow.maxBytesPerBatch": str(32 * 1024 * 1024),
+}
+
+
+def records(batches: Iterator[pa.RecordBatch]) -> Iterator[KafkaRecord]:
+    for batch in batches:
+        millis = batch.column("timestamp").cast(pa.int64()).to_pylist()
+        for row, ts in zip(batch.to_pylist(), millis, strict=True):
+            yield KafkaRecord(
+                topic=row["topic"],
+                partition=row["partition"],
+                offset=row["offset"],
+                timestamp=ts // 1000,  # Spark's timestamps are microseconds
+                timestamp_type=row["timestampType"],
+                key=row["key"],
+                value=row["value"],
+                headers=[(h["key"], h["value"]) for h in row["headers"] or []],
+            )
+
+
+def main() -> None:
+    args = parse_args()
+    planned = Planned.model_validate_json(args.planned)
+    cfg = find_topic(planned.topic, args.topics_file)
+    options = json.loads(os.environ.get("CAIRN_STORAGE_OPTIONS") or "{}")
+    url = cfg.root.storage_url
+    processing_time = datetime.now(UTC)
+
+    spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
+    for key, value in ARROW_CONF.items():
+        spark.conf.set(key, value)
+    starting, ending = kafka_json_offsets(planned.topic, planned.plan)
+    kafka = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap_servers)
+        .option("assign", kafka_assign_json(planned.topic, planned.plan))
+        .option("startingOffsets", starting)
+        .option("endingOffsets", ending)
+        .option("failOnDataLoss", "true")
+        .option("includeHeaders", "true")
+        .load()
+    )
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        result = write_partition(records(batches), cfg, Storage(url, **options), processing_time)
+        yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
+
+    results = [
+        PartitionResult.model_validate_json(row.result)
+        for row in kafka.mapInArrow(write, "result string").collect()
+    ]
+    attempt = manifest.Manifest(
+        topic=planned.topic,
+        attempt_id=planned.attempt_id,
+        run_id=planned.run_id,
+        generation=cfg.generation,
+        ranges=planned.plan.to_read,
+        records_read={r.partition: r.records for r in results if r.records},
+        files=[entry for r in results for entry in r.files],
+        created_at=datetime.now(UTC),
+    )
+    key = manifest.save(Storage(url, **options), attempt)
+    spark.stop()
+    print(f"wrote {len(attempt.files)} files, {sum(attempt.records_read.values())} records; {key}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--planned", required=True, help="Planned run (JSON)")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()

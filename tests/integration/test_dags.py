@@ -1,0 +1,85 @@
+"""Every DAG file imports into Airflow, and a bad topic entry is an import error that names the
+topic and the field without stopping the other topics' DAGs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cairn.config import INCLUDE_DIR, REPO
+
+PARSE = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=%r)
+dags = {
+    dag_id: {"tasks": sorted(t.task_id for t in dag.tasks), "max_active_runs": dag.max_active_runs,
+             "catchup": dag.catchup, "tags": sorted(dag.tags)}
+    for dag_id, dag in bag.dags.items()
+}
+print("RESULT" + json.dumps({"errors": bag.import_errors, "dags": dags}))
+"""
+
+
+def parse_dags(tmp_path: Path, topics_file: Path) -> dict:
+    """Parse dags/ with Airflow's own DagBag, in a fresh interpreter with its own AIRFLOW_HOME."""
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "PYTHONPATH": str(REPO / "plugins"),
+        "CAIRN_TOPICS_FILE": str(topics_file),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE % str(REPO / "dags")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line.removeprefix("RESULT"))
+
+
+def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
+    parsed = parse_dags(tmp_path, INCLUDE_DIR / "topics.yaml")
+
+    assert parsed["errors"] == {}
+    archive = parsed["dags"]["archive__cairn__dot__demo__dot__events"]
+    assert archive["tasks"] == sorted(
+        ["plan", "clean", "archive", "verify", "commit", "more_waiting", "drain_backlog"]
+    )
+    assert archive["max_active_runs"] == 1
+    assert archive["catchup"] is False
+    assert "cairn_discover_topics" in parsed["dags"]
+
+
+def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: Path) -> None:
+    topics = tmp_path / "topics.yaml"
+    schema = INCLUDE_DIR / "schemas" / "demo_event.avsc"
+    topics.write_text(
+        textwrap.dedent(
+            f"""
+            topics:
+              - topic: good.orders
+                format: raw
+              - topic: broken.payments
+                format: json
+                schema: {schema}
+                event_time: {{field: ts, encoding: epoch_weeks}}
+            """
+        )
+    )
+    parsed = parse_dags(tmp_path, topics)
+
+    assert "archive__good__dot__orders" in parsed["dags"]
+    assert not any("broken" in dag_id for dag_id in parsed["dags"])
+    (message,) = [m for f, m in parsed["errors"].items() if f.endswith("cairn_config_check.py")]
+    assert "broken.payments" in message
+    assert "event_time.encoding" in message
