@@ -3,7 +3,7 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-JARS    := .cairn/jars
+JARS    := $(CURDIR)/.cairn/jars
 
 .PHONY: demo test unit up down status lint jars setup
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from cairn import manifest
-from cairn.config import TOPICS_FILE, find_topic
+from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.plan import kafka_assign_json, kafka_json_offsets
 from cairn.run import Planned
 from cairn.storage import Storage
@@ -52,21 +52,18 @@ def records(batches: Iterator[pa.RecordBatch]) -> Iterator[KafkaRecord]:
             )
 
 
-def main() -> None:
-    args = parse_args()
-    planned = Planned.model_validate_json(args.planned)
-    cfg = find_topic(planned.topic, args.topics_file)
-    options = json.loads(os.environ.get("CAIRN_STORAGE_OPTIONS") or "{}")
-    url = cfg.root.storage_url
-    processing_time = datetime.now(UTC)
-
-    spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
+def archive(
+    spark: SparkSession, planned: Planned, cfg: TopicConfig, bootstrap: str, options: dict
+) -> manifest.Manifest:
+    """Read the planned ranges, write every record, and save the attempt manifest."""
     for key, value in ARROW_CONF.items():
         spark.conf.set(key, value)
+    url = cfg.root.storage_url
+    processing_time = datetime.now(UTC)
     starting, ending = kafka_json_offsets(planned.topic, planned.plan)
     kafka = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", args.bootstrap_servers)
+        .option("kafka.bootstrap.servers", bootstrap)
         .option("assign", kafka_assign_json(planned.topic, planned.plan))
         .option("startingOffsets", starting)
         .option("endingOffsets", ending)
@@ -89,13 +86,24 @@ def main() -> None:
         run_id=planned.run_id,
         generation=cfg.generation,
         ranges=planned.plan.to_read,
-        records_read={r.partition: r.records for r in results if r.records},
+        records_read={r.partition: r.records for r in results if r.partition is not None},
         files=[entry for r in results for entry in r.files],
         created_at=datetime.now(UTC),
     )
-    key = manifest.save(Storage(url, **options), attempt)
+    manifest.save(Storage(url, **options), attempt)
+    return attempt
+
+
+def main() -> None:
+    args = parse_args()
+    planned = Planned.model_validate_json(args.planned)
+    cfg = find_topic(planned.topic, args.topics_file)
+    options = json.loads(os.environ.get("CAIRN_STORAGE_OPTIONS") or "{}")
+    spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
+    attempt = archive(spark, planned, cfg, args.bootstrap_servers, options)
     spark.stop()
-    print(f"wrote {len(attempt.files)} files, {sum(attempt.records_read.values())} records; {key}")
+    read = sum(attempt.records_read.values())
+    print(f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}")
 
 
 def parse_args() -> argparse.Namespace:

@@ -7,6 +7,8 @@ integration"` runs only the fast unit tests.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +68,7 @@ def spark(stack_settings: StackSettings):
     from pyspark.sql import SparkSession
 
     jars = sorted(str(p) for p in services.jars(stack_settings, "spark").glob("*.jar"))
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # Python workers need this venv's packages
     session = (
         SparkSession.builder.master("local[2]")
         .appName("cairn-tests")

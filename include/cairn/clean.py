@@ -9,8 +9,7 @@ re-reading is what keeps a re-read from duplicating records.
 
 from __future__ import annotations
 
-from cairn.layout import manifest_key
-from cairn.manifest import files_at_or_after, load
+from cairn.manifest import files_at_or_after
 from cairn.storage import Storage
 from cairn.tokens import Token
 
@@ -20,27 +19,13 @@ def stale_files(storage: Storage, topic: str, token: Token | None) -> list[str]:
     return files_at_or_after(storage, topic, token.next_offsets if token else {})
 
 
-def orphan_manifests(storage: Storage, topic: str, token: Token | None) -> list[str]:
-    """Manifests of attempts that read from at or after `token`'s position: none committed.
-
-    A committed attempt read only below the position, so each range it read starts earlier.
-    """
-    position = token.next_offsets if token else {}
-    folder = manifest_key(topic, "_").rsplit("/", 1)[0] + "/"
-    orphans = []
-    for key in storage.list(folder):
-        ranges = load(storage, key).ranges.items()
-        if any(end > start and start >= position.get(p, 0) for p, (start, end) in ranges):
-            orphans.append(key)
-    return orphans
-
-
 def clean(storage: Storage, topic: str, token: Token | None) -> list[str]:
-    """Delete stale data files, then the manifests describing them; return the deleted keys."""
+    """Delete stale data files; return their keys.
+
+    Manifests stay: they are the record of what every attempt wrote (crashed ones included), and
+    a run racing this one may still commit a token that references its manifest.
+    """
     doomed = stale_files(storage, topic, token)
     for key in doomed:
         storage.delete(key)
-    orphans = orphan_manifests(storage, topic, token)
-    for key in orphans:
-        storage.delete(key)
-    return doomed + orphans
+    return doomed

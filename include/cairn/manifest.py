@@ -180,7 +180,7 @@ def _unlisted(
     return [
         f"{key} lies in the planned range but is not in the manifest"
         for key in files_at_or_after(storage, manifest.topic, starts)
-        if key not in listed
+        if key not in listed and parse_data_key(key).partition in starts
     ]
 
 
