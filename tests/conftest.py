@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from cairn_stack import services
+from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.process import free_port_block
-from cairn_stack.settings import StackSettings
+from cairn_stack.settings import REPO, StackSettings
 
 ROOT = Path(__file__).resolve().parent
 
@@ -30,7 +31,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
-    kafka, s3, master, volume, filer, airflow, logs = free_port_block(7, step=2)
+    ports = free_port_block(10, step=2)
+    kafka, s3, master, volume, filer, airflow, logs, spark, spark_ui, worker_ui = ports
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka,
@@ -41,6 +43,9 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         seaweed_filer_port=filer,
         airflow_port=airflow,
         airflow_log_port=logs,
+        spark_cluster_port=spark,
+        spark_cluster_ui_port=spark_ui,
+        spark_worker_ui_port=worker_ui,
     )
 
 
@@ -79,3 +84,55 @@ def spark(stack_settings: StackSettings):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(stack_settings: StackSettings) -> Iterator[str]:
+    """A running Spark standalone master with one worker; yields the master URL."""
+    started = []
+    try:
+        for service in services.spark_cluster(stack_settings):
+            service.start(stack_settings.start_timeout)
+            started.append(service)
+        yield f"spark://{stack_settings.host}:{stack_settings.spark_cluster_port}"
+    finally:
+        for service in reversed(started):
+            service.stop()
+
+
+E2E_TOPIC = "e2e.orders"
+E2E_PREFIX = "e2e"
+
+
+@pytest.fixture(scope="session")
+def airflow(
+    stack_settings: StackSettings, kafka: str, s3: dict, spark_cluster: str, tmp_path_factory
+) -> Iterator[AirflowAPI]:
+    """Airflow 3 (api-server, scheduler, dag-processor) whose Spark connection points at the
+    standalone cluster, archiving E2E_TOPIC to S3 with a small per-run cap."""
+    topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
+    schema = REPO / "include" / "schemas" / "demo_event.avsc"
+    topics.write_text(
+        f"""
+topics:
+  - topic: {E2E_TOPIC}
+    format: json
+    schema: {schema}
+    event_time: {{field: ts, encoding: iso8601}}
+    archive_root: s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/{E2E_PREFIX}
+    max_records_per_partition: 60
+    schedule: "@daily"
+"""
+    )
+    settings = stack_settings.model_copy(
+        update={"spark_master": spark_cluster, "topics_file": topics}
+    )
+    started = []
+    try:
+        for service in services.airflow(settings):
+            service.start(settings.start_timeout)
+            started.append(service)
+        yield AirflowAPI(settings)
+    finally:
+        for service in reversed(started):
+            service.stop()

@@ -41,12 +41,17 @@ class Service:
         return self.state_dir / "pids" / f"{self.name}.pid"
 
     def pid(self) -> int | None:
-        """The pid of our running process, or None (a stale pid file is removed)."""
+        """The pid of our running process, or None (a stale pid file is removed).
+
+        The pid file holds the pid and the process's start time, so a pid reused by another
+        program after a reboot or crash is never taken for ours (nor signalled by `stop`).
+        """
         try:
-            pid = int(self.pidfile.read_text())
+            pid_text, _, started = self.pidfile.read_text().partition(" ")
+            pid = int(pid_text)
         except (FileNotFoundError, ValueError):
             return None
-        if _alive(pid):
+        if started and _start_time(pid) == started.strip():
             return pid
         self.pidfile.unlink(missing_ok=True)
         return None
@@ -78,11 +83,12 @@ class Service:
                 )
             except FileNotFoundError as err:
                 raise StackError(f"{self.name}: cannot run {self.argv[0]!r}: {err}") from None
-        self.pidfile.write_text(str(proc.pid))
+        self.pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}")
         try:
             self.wait_healthy(timeout, proc)
         except BaseException:
             self.stop()
+            _signal_group(proc.pid, signal.SIGKILL)  # children of a leader that already exited
             raise
 
     def wait_healthy(self, timeout: float, proc: subprocess.Popen | None = None) -> None:
@@ -107,7 +113,7 @@ class Service:
             return False
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while _start_time(pid) is not None and time.monotonic() < deadline:
             time.sleep(0.2)
         _signal_group(pid, signal.SIGKILL)  # also children the leader left behind
         self.pidfile.unlink(missing_ok=True)
@@ -146,18 +152,14 @@ def tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None if it is gone or a zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours is not alive
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
+            fields = stat.read().rpartition(")")[2].split()  # comm may hold spaces and ")"
     except OSError:
-        return True
+        return None
+    return None if fields[0] == "Z" else fields[19]
 
 
 def _signal_group(pid: int, sig: int) -> None:

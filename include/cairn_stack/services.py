@@ -222,7 +222,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "password": settings.s3_secret_key,
         "extra": {"endpoint_url": settings.s3_endpoint, "region_name": "us-east-1"},
     }
-    spark_conn = {"conn_type": "spark", "host": "local[*]"}
+    spark_conn = {"conn_type": "spark", "host": settings.spark_master}
     conn = {
         settings.kafka_conn_id: kafka_conn,
         settings.s3_conn_id: s3_conn,
@@ -234,6 +234,10 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "CAIRN_TOPICS_FILE": str(settings.topics_file),
+        "CAIRN_JARS_DIR": str(settings.jars_dir),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{settings.airflow_user}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
@@ -292,6 +296,65 @@ def _airflow_health(settings: StackSettings, component: str) -> bool:
     except (OSError, ValueError):
         return False
     return health.get(component, {}).get("status") == "healthy"
+
+
+def spark_cluster(settings: StackSettings) -> list[Service]:
+    """A Spark standalone master and one worker on loopback, from pyspark's own scripts."""
+    state = settings.state_dir / "spark"
+    bin_dir = Path(sys.executable).parent
+    host, port = settings.host, settings.spark_cluster_port
+    env = {
+        "SPARK_LOCAL_IP": host,
+        "SPARK_WORKER_DIR": str(state / "work"),
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    master = Service(
+        "spark-master",
+        [
+            str(bin_dir / "spark-class"),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(settings.spark_cluster_ui_port),
+        ],
+        settings.state_dir,
+        [port, settings.spark_cluster_ui_port],
+        lambda: port_open(port),
+        env=env,
+    )
+    worker = Service(
+        "spark-worker",
+        [
+            str(bin_dir / "spark-class"),
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            host,
+            "--webui-port",
+            str(settings.spark_worker_ui_port),
+            "--cores",
+            "2",
+            "--memory",
+            "4g",
+            f"spark://{host}:{port}",
+        ],
+        settings.state_dir,
+        [settings.spark_worker_ui_port],
+        lambda: _spark_workers_alive(settings) > 0,
+        env=env,
+    )
+    return [master, worker]
+
+
+def _spark_workers_alive(settings: StackSettings) -> int:
+    url = f"http://{settings.host}:{settings.spark_cluster_ui_port}/json/"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as reply:
+            return int(json.load(reply).get("aliveworkers", 0))
+    except (OSError, ValueError):
+        return 0
 
 
 def all_services(settings: StackSettings) -> list[Service]:

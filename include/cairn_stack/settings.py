@@ -42,6 +42,14 @@ class StackSettings(BaseSettings):
     airflow_user: str = "admin"
     airflow_password: str = "admin"
 
+    spark_cluster_port: int = 7077
+    spark_cluster_ui_port: int = 8081
+    spark_worker_ui_port: int = 8082
+    """A Spark standalone master and worker (`services.spark_cluster`), for scale-out tests."""
+    spark_master: str = "local[*]"
+    """Where Airflow's Spark connection submits jobs; point it at a cluster to scale out."""
+    topics_file: Path = REPO / "include" / "topics.yaml"
+
     start_timeout: float = 120.0
     """Seconds each service has to become healthy before `up` gives up."""
 

@@ -180,3 +180,19 @@ def test_unlisted_file_in_the_planned_range_fails(storage, manifest):
 
 def test_manifest_for_another_plan_fails(storage, manifest):
     fail(manifest, storage, "differ from the plan", plan={0: (100, 150), 1: (0, 10)})
+
+
+def test_files_below_the_position_of_a_partition_not_read_are_not_flagged(storage, manifest):
+    # The run verifies against the ranges it reads (`Plan.to_read`): partition 1 had nothing new
+    # and is left out, yet holds files committed by earlier runs below its position (10).
+    to_read = {0: (100, 200)}
+    manifest.ranges = to_read
+    manifest.records_read = {0: 5}
+    storage.write(backup_key("orders", 1, 1, 0), b"committed earlier")
+    storage.write(partitioned_key("orders", 1, 1, 0, FOLDER), b"committed earlier")
+    storage.write(quarantine_key("orders", 1, 1, 4, DAY), b"committed earlier")
+
+    report = verify(manifest, to_read, storage)
+
+    assert report.counts.read == 5 and report.counts.files == 4
+    assert set(report.partitions) == {0}

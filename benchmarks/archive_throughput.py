@@ -1,0 +1,475 @@
+"""Archive throughput and peak memory of ONE Cairn run, end to end, on this machine.
+
+Fills a fresh 4-partition topic with N JSON events (~300 bytes) using Kafka's own
+ProducerPerformance tool, then drives one run exactly as the archive DAG does — plan, clean, the
+real Spark job through spark-submit, verify, commit — timing the Spark job from submit to exit
+and sampling the RSS of its process tree (JVM + Python driver + Python workers) every 0.2 s.
+
+    .venv/bin/python benchmarks/archive_throughput.py                  # 1,000,000 records
+    .venv/bin/python benchmarks/archive_throughput.py --records 200000 --json
+
+A private Kafka (free ports, state in a temporary folder) is started and stopped unless
+`--bootstrap-servers` names a running one. Everything else lives in the temporary folder, which
+is removed afterwards (kept, with the Spark log, when the run fails or with `--keep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import fastavro
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from cairn import kafka_meta, manifest, run
+from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
+from cairn.storage import Storage
+from cairn_stack import services
+from cairn_stack.demo import create_topic
+from cairn_stack.process import free_port_block
+from cairn_stack.settings import REPO, StackSettings
+
+JOB = REPO / "spark_jobs" / "archive.py"
+SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
+VENV_BIN = Path(sys.executable).parent
+SAMPLE_EVERY = 0.2
+EVENTS_END = datetime(2025, 1, 1, tzinfo=UTC)  # fixed, so the folders are the same every run
+AGENT = (
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/126.0.0.0 Safari/537.36"
+)
+
+console = Console(stderr=True)
+
+
+class BenchError(RuntimeError):
+    """A step failed; the message says which and where to look."""
+
+
+@dataclass
+class Result:
+    records: int
+    partitions: int
+    records_per_partition: dict[int, int]
+    value_bytes: int
+    mean_value_bytes: float
+    produce_seconds: float
+    spark_seconds: float
+    records_per_second: float
+    mb_per_second: float
+    peak_rss_total_mb: float
+    peak_rss_jvm_mb: float
+    peak_rss_python_mb: float
+    peak_processes: int
+    files: dict[str, int]
+    output_bytes: int
+    task_seconds: list[float]
+    plan_clean_seconds: float
+    verify_seconds: float
+    commit_seconds: float
+    driver_memory: str
+    spread_hours: int
+    machine: str
+    date: str
+    command: str
+    spark_command: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def event_lines(count: int, spread_hours: int, seed: int) -> list[bytes]:
+    """Distinct JSON events like cairn_stack.demo.sample_events, ~300 bytes each, with event
+    times spread over the `spread_hours` before a fixed instant."""
+    rng = random.Random(seed)
+    actions = ["view", "click", "add_to_cart", "purchase", "refund"]
+    lines = []
+    for i in range(count):
+        ts = EVENTS_END - timedelta(milliseconds=rng.randrange(spread_hours * 3_600_000))
+        event = {
+            "event_id": f"evt-{i:09d}",
+            "user_id": f"user-{rng.randrange(100000):06d}",
+            "action": rng.choice(actions),
+            "amount": round(rng.uniform(0, 500), 2),
+            "ts": ts.isoformat(timespec="milliseconds"),
+            "page": f"/products/{rng.randrange(5000)}?ref=campaign-{rng.randrange(40)}"
+            "&utm_source=mail",
+            "agent": AGENT,
+        }
+        lines.append(json.dumps(event).encode())
+    return lines
+
+
+def produce(bootstrap: str, topic: str, records: int, payload_file: Path, log: Path) -> float:
+    """Fill `topic` with Kafka's ProducerPerformance; returns its wall time in seconds."""
+    jars = services.jars(StackSettings(), "kafka")
+    argv = [
+        *[services.java() or "java", "-Xmx512m", "-cp", f"{jars}/*"],
+        "org.apache.kafka.tools.ProducerPerformance",
+        *["--bootstrap-server", bootstrap, "--topic", topic, "--num-records", str(records)],
+        *["--throughput", "-1", "--payload-file", str(payload_file)],
+        *["--reporting-interval", "1000"],
+        *["--command-property", "acks=1", "linger.ms=20", "batch.size=262144"],
+        "compression.type=lz4",
+    ]
+    sent = re.compile(r"^(\d+) records sent")
+    start = time.perf_counter()
+    with (
+        open(log, "w") as out,
+        _progress() as progress,
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
+    ):
+        task = progress.add_task("producing (ProducerPerformance)", total=records)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if m := sent.match(line):
+                progress.advance(task, int(m.group(1)))
+        progress.update(task, completed=records)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise BenchError(f"ProducerPerformance exited {proc.returncode}; see {log}")
+    return seconds
+
+
+def topics_file(path: Path, topic: str, archive: Path, records: int) -> TopicConfig:
+    entry = f"""\
+        topics:
+          - topic: {topic}
+            format: json
+            schema: {SCHEMA}
+            event_time: {{field: ts, encoding: iso8601}}
+            archive_root: {archive.as_uri()}
+            max_records_per_partition: {max(records, 1)}
+        """
+    path.write_text(textwrap.dedent(entry))
+    return find_topic(topic, path)
+
+
+# --- the Spark job ---------------------------------------------------------------------------
+
+
+@dataclass
+class Peaks:
+    total: int = 0
+    jvm: int = 0
+    python: int = 0
+    processes: int = 0
+
+    def sample(self, root: psutil.Process) -> int:
+        """Add one sample of `root`'s process tree; returns its total RSS."""
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0
+        total = jvm = python = 0
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                rss, name = p.memory_info().rss, p.name()
+                total += rss
+                jvm += rss if name == "java" else 0
+                python += rss if name.startswith("python") else 0
+        self.total, self.jvm = max(self.total, total), max(self.jvm, jvm)
+        self.python, self.processes = max(self.python, python), max(self.processes, len(procs))
+        return total
+
+
+def spark_argv(planned: run.Planned, bootstrap: str, topics: Path, driver_memory: str) -> list[str]:
+    jars = ",".join(sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar")))
+    return [
+        str(VENV_BIN / "spark-submit"),
+        *["--master", "local[2]", "--driver-memory", driver_memory, "--jars", jars],
+        *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
+        str(JOB),
+        *["--planned", planned.model_dump_json(), "--bootstrap-servers", bootstrap],
+        *["--topics-file", str(topics)],
+    ]
+
+
+def spark_submit(argv: list[str], tasks: int, log: Path, timeout: float) -> tuple[float, Peaks]:
+    """Run the job; returns its wall time and memory peaks. Fails loudly with the log's tail."""
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "CAIRN_STORAGE_OPTIONS": "{}",
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    peaks = Peaks()
+    with open(log, "wb") as out, _progress() as progress:
+        task = progress.add_task("archiving (spark-submit)", total=tasks)
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log.parent,
+            start_new_session=True,
+        )
+        root = psutil.Process(proc.pid)
+        try:
+            while proc.poll() is None:
+                if time.perf_counter() - start > timeout:
+                    raise BenchError(f"spark-submit still running after {timeout:.0f}s")
+                rss = peaks.sample(root)
+                done = _finished_tasks(log)
+                progress.update(
+                    task,
+                    completed=done,
+                    description=f"archiving (spark-submit) rss {rss / 2**20:,.0f} MB",
+                )
+                time.sleep(SAMPLE_EVERY)
+        finally:
+            if proc.poll() is None:  # timeout or Ctrl-C: stop the job we started, all of it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        seconds = time.perf_counter() - start
+        progress.update(task, completed=tasks)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise BenchError(f"spark-submit exited {proc.returncode}; see {log}:\n{tail}")
+    return seconds, peaks
+
+
+_TASK_DONE = re.compile(r"Finished task \S+ in stage \S+ \(TID \d+\) in (\d+) ms")
+
+
+def _finished_tasks(log: Path) -> int:
+    with open(log, errors="replace") as f:
+        return sum(1 for line in f if _TASK_DONE.search(line))
+
+
+def task_seconds(log: Path) -> list[float]:
+    text = log.read_text(errors="replace")
+    return [int(ms) / 1000 for ms in _TASK_DONE.findall(text)]
+
+
+# --- the whole benchmark ---------------------------------------------------------------------
+
+
+def benchmark(args: argparse.Namespace, work: Path) -> Result:
+    notes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap_servers or stack.enter_context(private_kafka(work / "stack"))
+        topic = f"bench.events-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, args.partitions)
+
+        payloads = work / "payloads.jsonl"
+        payloads.write_bytes(b"\n".join(event_lines(args.payloads, args.spread_hours, args.seed)))
+        produce_s = produce(bootstrap, topic, args.records, payloads, work / "producer.log")
+        console.print(f"produced {args.records:,} records to {topic} in {produce_s:.1f}s")
+        in_kafka = kafka_meta.fetch_watermarks(bootstrap, topic)
+        total = sum(w.high - w.low for w in in_kafka.values())
+        if total != args.records:
+            raise BenchError(f"{topic} holds {total} records, not {args.records}")
+
+        topics = work / "topics.yaml"
+        cfg = topics_file(topics, topic, work / "archive", args.records)
+        storage = Storage(cfg.root.storage_url)
+        t = time.perf_counter()
+        planned = run.plan_run(cfg, storage, bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
+        run.clean_run(cfg, storage)
+        plan_clean_s = time.perf_counter() - t
+        if planned.plan.capped:
+            raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
+
+        argv = spark_argv(planned, bootstrap, topics, args.driver_memory)
+        tasks = len(planned.plan.to_read)
+        spark_s, peaks = spark_submit(argv, tasks, work / "spark.log", args.timeout)
+        console.print(f"spark job finished in {spark_s:.1f}s")
+
+        with console.status("verifying"):
+            t = time.perf_counter()
+            report = run.verify_run(storage, planned)
+            verify_s = time.perf_counter() - t
+        with console.status("committing"):
+            t = time.perf_counter()
+            summary = run.commit_run(cfg, storage, planned, report, bootstrap)
+            commit_s = time.perf_counter() - t
+        c = summary.counts
+        if (c.read, c.backup, c.partitioned + c.quarantined) != (args.records,) * 3:
+            raise BenchError(f"committed counts {c} do not account for {args.records} records")
+        if c.quarantined:
+            notes.append(f"{c.quarantined} records were quarantined (expected none)")
+
+        attempt = manifest.load(storage, planned.manifest_key)
+        with console.status("summing value sizes from the backup files"):
+            value_bytes = backup_value_bytes(storage, attempt)
+
+    files: dict[str, int] = {"backup": 0, "partitioned": 0, "quarantine": 0}
+    for entry in attempt.files:
+        files[entry.kind] = files.get(entry.kind, 0) + 1
+    files["total"] = len(attempt.files)
+    if files["partitioned"] > 10 * args.spread_hours * args.partitions:
+        notes.append(
+            f"{files['partitioned']:,} partitioned files for {args.spread_hours} hour folders: "
+            "events arrive in random time order and the writer keeps at most 16 folders open, "
+            "so most records evict a file and start a new one"
+        )
+    shown = [shlex.quote(a) for a in argv]
+    shown[argv.index("--planned") + 1] = "'<Planned JSON>'"
+    shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
+    return Result(
+        records=args.records,
+        partitions=args.partitions,
+        records_per_partition={p: end - start for p, (start, end) in planned.plan.to_read.items()},
+        value_bytes=value_bytes,
+        mean_value_bytes=round(value_bytes / args.records, 1),
+        produce_seconds=round(produce_s, 2),
+        spark_seconds=round(spark_s, 2),
+        records_per_second=round(args.records / spark_s),
+        mb_per_second=round(value_bytes / spark_s / 1e6, 3),
+        peak_rss_total_mb=round(peaks.total / 2**20),
+        peak_rss_jvm_mb=round(peaks.jvm / 2**20),
+        peak_rss_python_mb=round(peaks.python / 2**20),
+        peak_processes=peaks.processes,
+        files=files,
+        output_bytes=c.bytes,
+        task_seconds=task_seconds(work / "spark.log"),
+        plan_clean_seconds=round(plan_clean_s, 2),
+        verify_seconds=round(verify_s, 2),
+        commit_seconds=round(commit_s, 2),
+        driver_memory=args.driver_memory,
+        spread_hours=args.spread_hours,
+        machine=machine(),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        command=shlex.join([".venv/bin/python", "benchmarks/archive_throughput.py", *sys.argv[1:]]),
+        spark_command=" ".join(shown),
+        notes=notes,
+    )
+
+
+@contextlib.contextmanager
+def private_kafka(state_dir: Path):
+    """A single-node KRaft broker on free ports, state under `state_dir`; yields bootstrap."""
+    (port,) = free_port_block(1, step=2)
+    settings = StackSettings(state_dir=state_dir, kafka_port=port, kafka_controller_port=port + 1)
+    service = services.kafka(settings)
+    with console.status("starting a private Kafka"):
+        service.start(settings.start_timeout)
+    try:
+        yield settings.bootstrap_servers
+    finally:
+        service.stop()
+
+
+def backup_value_bytes(storage: Storage, attempt: manifest.Manifest) -> int:
+    """The sum of Kafka value sizes, read back from the verbatim backup files."""
+    total = 0
+    for entry in attempt.files:
+        if entry.kind == "backup":
+            with storage.fs.open(storage.path(entry.key), "rb") as f:
+                total += sum(len(r["value"] or b"") for r in fastavro.reader(f))
+    return total
+
+
+def machine() -> str:
+    mem = psutil.virtual_memory().total / 2**30
+    cpu = platform.machine()
+    with contextlib.suppress(OSError):
+        names = re.findall(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        cpu = names[0] if names else cpu
+    system = f"{platform.system()} {platform.release()}"
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GB RAM, {system}"
+
+
+def _progress() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def print_result(r: Result) -> None:
+    files = ", ".join(f"{n:,} {kind}" for kind, n in r.files.items() if kind != "total")
+    tasks = ", ".join(f"{s:.1f}" for s in r.task_seconds)
+    rows = [
+        ("records", f"{r.records:,} over {r.partitions} partitions {r.records_per_partition}"),
+        ("bytes in Kafka", f"{r.value_bytes:,} value bytes ({r.mean_value_bytes} per record)"),
+        ("produce time", f"{r.produce_seconds:.1f} s (ProducerPerformance, not part of below)"),
+        ("plan + clean", f"{r.plan_clean_seconds:.2f} s"),
+        ("Spark job wall", f"{r.spark_seconds:.1f} s (spark-submit to exit, local[2])"),
+        ("throughput", f"{r.records_per_second:,} records/s, {r.mb_per_second:.2f} MB/s"),
+        ("Spark tasks", f"{tasks} s"),
+        ("peak RSS total", f"{r.peak_rss_total_mb:,} MB ({r.peak_processes} processes)"),
+        ("peak RSS JVM", f"{r.peak_rss_jvm_mb:,} MB (driver memory {r.driver_memory})"),
+        ("peak RSS Python", f"{r.peak_rss_python_mb:,} MB (driver + workers)"),
+        ("files written", f"{r.files['total']:,}: {files}"),
+        ("output bytes", f"{r.output_bytes:,}"),
+        ("verify, commit", f"{r.verify_seconds:.1f} s, {r.commit_seconds:.1f} s"),
+        ("machine", r.machine),
+        ("date", r.date),
+        ("reproduce", r.command),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n== Cairn archive throughput ==")
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    for note in r.notes:
+        print(f"note: {note}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--payloads", type=int, default=10_000, help="distinct events")
+    parser.add_argument("--spread-hours", type=int, default=48, help="event-time spread")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument("--bootstrap-servers", help="use this Kafka instead of a private one")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the Spark job")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cairn-bench-"))
+    try:
+        result = benchmark(args, work)
+    except BaseException as err:
+        console.print(f"[red]benchmark failed:[/red] {err}\n(kept {work})")
+        raise
+    if args.keep:
+        console.print(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print_result(result)
+        print(f"spark-submit: {result.spark_command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

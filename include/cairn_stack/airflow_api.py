@@ -1,0 +1,79 @@
+"""A small client of Airflow 3's REST API (`/api/v2`), for the demo and the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from cairn_stack.settings import StackSettings
+
+FINISHED = {"success", "failed"}
+
+
+class AirflowAPI:
+    def __init__(self, settings: StackSettings) -> None:
+        self.base = settings.airflow_url
+        self.user, self.password = settings.airflow_user, settings.airflow_password
+        self._token: str | None = None
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        if self._token is None and not path.startswith("/auth"):
+            self._token = self.call(
+                "POST", "/auth/token", {"username": self.user, "password": self.password}
+            )["access_token"]
+        request = urllib.request.Request(
+            self.base + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"}
+            | ({"Authorization": f"Bearer {self._token}"} if self._token else {}),
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return json.load(reply)
+        except urllib.error.HTTPError as err:
+            raise RuntimeError(
+                f"Airflow API {method} {path}: {err.code} {err.read().decode()[:500]}"
+            ) from None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
+        """Wait until the dag-processor has parsed `dag_id`, then make sure it is unpaused."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                dag = self.call("GET", f"/api/v2/dags/{dag_id}")
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    errors = self.call("GET", "/api/v2/importErrors")
+                    raise TimeoutError(f"DAG {dag_id} not parsed in {timeout}s; {errors}") from None
+                time.sleep(2)
+        if dag["is_paused"]:
+            self.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str) -> str:
+        run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
+        return run["dag_run_id"]
+
+    def runs(self, dag_id: str) -> list[dict]:
+        return self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=start_date")["dag_runs"]
+
+    def wait_for_runs(self, dag_id: str, timeout: float) -> list[dict]:
+        """Wait until every run of `dag_id` (including ones runs trigger meanwhile) finished."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = self.runs(dag_id)
+            if runs and all(r["state"] in FINISHED for r in runs):
+                return runs
+            time.sleep(3)
+        raise TimeoutError(f"runs of {dag_id} still unfinished after {timeout}s: {runs}")
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
+        path = (
+            f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}"
+            f"/taskInstances/{task_id}/xcomEntries/return_value"
+        )
+        return self.call("GET", path)["value"]

@@ -1,0 +1,359 @@
+"""The local stack's process promises, proved with tiny real Python processes (no Kafka/S3/Airflow).
+
+A service is started in its own process group with a pid file and a log; start waits for health
+and leaves nothing running when it fails; stop kills the whole group and only a group it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cairn_stack import __main__ as cli
+from cairn_stack import services
+from cairn_stack.process import Service, StackError, free_port_block, port_free, port_open
+from cairn_stack.settings import StackSettings
+
+# Appends its pid to argv[1], optionally waits for a child that ignores SIGTERM (pid written to
+# argv[4]), sleeps argv[3] seconds, then listens on port argv[2] until killed.
+SERVE = """
+import os, socket, subprocess, sys, time
+marker, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with open(marker, "a") as f:
+    f.write(f"{os.getpid()}\\n")
+if len(sys.argv) > 4:
+    subprocess.Popen([sys.executable, "-c", CHILD, sys.argv[4]])
+    while not os.path.exists(sys.argv[4]):
+        time.sleep(0.02)
+time.sleep(delay)
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", port))
+sock.listen()
+print("listening", flush=True)
+while True:
+    time.sleep(1)
+"""
+CHILD = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(30)
+"""
+
+
+def py(code: str, *args: object) -> list[str]:
+    """argv running `code` with this interpreter."""
+    return [sys.executable, "-c", textwrap.dedent(code), *map(str, args)]
+
+
+def serve(marker: Path, port: int, delay: float = 0.0, child: Path | None = None) -> list[str]:
+    prelude = f"CHILD = {textwrap.dedent(CHILD)!r}\n"
+    return py(prelude + SERVE, marker, port, delay, *([child] if child else []))
+
+
+def alive(pid: int) -> bool:
+    """True if `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_dead(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def pids(marker: Path) -> list[int]:
+    return [int(line) for line in marker.read_text().split()] if marker.exists() else []
+
+
+@pytest.fixture
+def cleanup() -> Iterator[Callable[[Service | int], None]]:
+    """Register services and pids; whatever a failing test left behind is killed afterwards."""
+    owned: list[Service | int] = []
+    yield owned.append
+    for thing in reversed(owned):
+        if isinstance(thing, Service):
+            thing.stop(timeout=2)
+        elif alive(thing):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(thing, signal.SIGKILL)
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port_block(1)[0]
+
+
+def web(
+    tmp_path: Path, port: int, name: str = "web", delay: float = 0.0, child: Path | None = None
+) -> Service:
+    """A service listening on `port`; its pids are appended to tmp_path/<name>.started."""
+    return Service(
+        name=name,
+        argv=serve(tmp_path / f"{name}.started", port, delay, child),
+        state_dir=tmp_path / "state",
+        ports=[port],
+        healthy=lambda: port_open(port),
+    )
+
+
+def test_start_waits_for_health_writes_pid_file_and_is_idempotent(tmp_path, port, cleanup):
+    service = web(tmp_path, port, delay=0.7)
+    cleanup(service)
+
+    service.start(timeout=10)
+
+    assert port_open(port)  # the listener binds only after 0.7 s: start waited for it
+    (pid,) = pids(tmp_path / "web.started")
+    assert service.pidfile.read_text().split()[0] == str(pid)
+    assert service.pid() == pid and alive(pid)
+    assert "listening" in service.log.read_text()
+
+    service.start(timeout=10)
+
+    assert service.pid() == pid
+    assert pids(tmp_path / "web.started") == [pid]  # no second process
+
+
+def test_port_in_use_names_service_and_port_and_starts_nothing(tmp_path, port, cleanup):
+    prepared = []
+    service = web(tmp_path, port)
+    service.prepare = lambda: prepared.append(True)
+    cleanup(service)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+
+        with pytest.raises(StackError, match=rf"^web: port {port} is already in use"):
+            service.start(timeout=5)
+
+    assert not service.pidfile.exists() and service.pid() is None
+    assert not (tmp_path / "web.started").exists() and not prepared
+
+
+def test_exit_during_start_names_service_code_and_log_with_its_tail(tmp_path, port, cleanup):
+    code = "import sys; print('reading config', flush=True); sys.exit('bad setting: answer=42')"
+    service = Service("crashy", py(code), tmp_path / "state", [port], lambda: False)
+    cleanup(service)
+
+    with pytest.raises(StackError) as caught:
+        service.start(timeout=10)
+
+    message = str(caught.value)
+    assert message.startswith("crashy: exited with code 1 during start")
+    assert str(service.log) in message
+    assert "reading config" in message and "bad setting: answer=42" in message
+    assert not service.pidfile.exists()
+
+
+def test_children_of_a_leader_that_exits_during_start_are_killed(tmp_path, port, cleanup):
+    code = """
+    import os, subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", CHILD, sys.argv[1]])
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.02)
+    sys.exit(3)
+    """
+    child_file = tmp_path / "child.pid"
+    argv = py(f"CHILD = {textwrap.dedent(CHILD)!r}\n" + textwrap.dedent(code), child_file)
+    service = Service("forky", argv, tmp_path / "state", [port], lambda: False)
+    cleanup(service)
+
+    with pytest.raises(StackError, match="forky: exited with code 3"):
+        service.start(timeout=10)
+
+    child = int(child_file.read_text())
+    cleanup(child)
+    assert wait_dead(child), "a child of the failed service was left running"
+
+
+def test_never_healthy_times_out_and_stops_the_process(tmp_path, port, cleanup):
+    service = Service(
+        "sleepy",
+        serve(tmp_path / "sleepy.started", port),
+        tmp_path / "state",
+        [port],
+        healthy=lambda: False,
+    )
+    cleanup(service)
+
+    started = time.monotonic()
+    with pytest.raises(StackError) as caught:
+        service.start(timeout=1)
+
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    assert message.startswith("sleepy: not healthy after 1s") and str(service.log) in message
+    (pid,) = pids(tmp_path / "sleepy.started")
+    cleanup(pid)
+    assert wait_dead(pid) and not service.pidfile.exists() and port_free(port)
+
+
+def test_stop_kills_the_whole_process_group_and_removes_the_pid_file(tmp_path, port, cleanup):
+    child_file = tmp_path / "child.pid"
+    service = web(tmp_path, port, child=child_file)
+    cleanup(service)
+    service.start(timeout=10)
+    (leader,) = pids(tmp_path / "web.started")
+    child = int(child_file.read_text())
+    cleanup(child)
+    assert alive(child)
+
+    assert service.stop(timeout=5) is True
+
+    assert wait_dead(leader) and wait_dead(child)  # the child ignored SIGTERM: KILL got it
+    assert not service.pidfile.exists() and service.pid() is None
+    assert service.stop() is False
+
+
+def test_stop_does_not_wait_for_a_reaped_leader_named_with_spaces(tmp_path, port, cleanup):
+    # Airflow's setproctitle gives processes names such as "airflow schedul" (a space in comm):
+    # the dead leader (a zombie of ours) must not be mistaken for a live one.
+    code = """
+    import socket, sys, time
+    with open("/proc/self/comm", "w") as comm:
+        comm.write("cairn svc (x)")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+    sock.listen()
+    while True:
+        time.sleep(1)
+    """
+    service = Service("spaced", py(code, port), tmp_path / "state", [port], lambda: port_open(port))
+    cleanup(service)
+    service.start(timeout=10)
+
+    started = time.monotonic()
+    assert service.stop(timeout=5) is True
+
+    assert time.monotonic() - started < 3
+
+
+def test_stop_on_a_stale_pid_file_returns_false_and_removes_it(tmp_path, port):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    service = web(tmp_path, port)
+    service.pidfile.parent.mkdir(parents=True)
+    service.pidfile.write_text(str(gone.pid))
+
+    assert service.stop() is False
+    assert not service.pidfile.exists()
+
+
+def test_stop_never_signals_a_process_it_did_not_start(tmp_path, port, cleanup):
+    stranger = subprocess.Popen(
+        serve(tmp_path / "stranger.started", free_port_block(1)[0]), start_new_session=True
+    )
+    cleanup(stranger.pid)
+    service = web(tmp_path, port)
+    cleanup(service)
+
+    assert service.stop() is False  # nothing started yet: no pid file
+    service.start(timeout=10)
+    (ours,) = pids(tmp_path / "web.started")
+    assert service.stop(timeout=5) is True
+
+    assert wait_dead(ours)
+    assert stranger.poll() is None and alive(stranger.pid)
+    stranger.kill()
+    stranger.wait()
+
+
+def test_stop_does_not_signal_a_process_that_reused_the_pid_in_the_pid_file(
+    tmp_path, port, cleanup
+):
+    stranger = subprocess.Popen(serve(tmp_path / "stranger.started", port), start_new_session=True)
+    cleanup(stranger.pid)
+    service = web(tmp_path, port)
+    service.pidfile.parent.mkdir(parents=True)
+    service.pidfile.write_text(str(stranger.pid))  # as if the pid had been reused
+
+    try:
+        service.stop(timeout=2)
+        time.sleep(0.2)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_kafka_without_java_names_kafka_and_java_and_starts_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(services, "java", lambda: None)
+    (kafka_port,) = free_port_block(1, step=2)
+    controller = kafka_port + 1
+    settings = StackSettings(
+        state_dir=tmp_path / "state",
+        jars_dir=tmp_path / "jars",
+        kafka_port=kafka_port,
+        kafka_controller_port=controller,
+    )
+    service = services.kafka(settings)
+
+    with pytest.raises(StackError, match=r"^kafka: .*Java"):
+        service.start(timeout=5)
+
+    assert not service.pidfile.exists() and service.pid() is None
+    assert not service.log.exists()
+    assert port_free(kafka_port) and port_free(controller)
+
+
+@pytest.fixture
+def two_services(tmp_path, monkeypatch) -> tuple[Service, Service]:
+    """`all_services` patched to a healthy `first` and a `second` that exits during start."""
+    first_port, second_port = free_port_block(2)
+    first = web(tmp_path, first_port, name="first")
+    second = Service(
+        "second",
+        py("import sys; sys.exit('second is broken')"),
+        tmp_path / "state",
+        [second_port],
+        lambda: False,
+    )
+    monkeypatch.setattr(services, "all_services", lambda settings: [first, second])
+    monkeypatch.setenv("CAIRN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CAIRN_START_TIMEOUT", "10")
+    return first, second
+
+
+def test_up_stops_what_it_started_when_a_later_service_fails(tmp_path, two_services, capsys):
+    first, second = two_services
+
+    try:
+        assert cli.main(["up"]) == 1
+    finally:
+        first.stop(timeout=2)
+
+    (pid,) = pids(tmp_path / "first.started")
+    assert wait_dead(pid)
+    assert not first.pidfile.exists() and not second.pidfile.exists()
+    assert "second: exited with code 1" in capsys.readouterr().err
+
+
+def test_up_leaves_running_a_service_it_did_not_start(tmp_path, two_services, cleanup):
+    first, second = two_services
+    cleanup(first)
+    first.start(timeout=10)
+    (pid,) = pids(tmp_path / "first.started")
+
+    assert cli.main(["up"]) == 1
+
+    assert first.pid() == pid and alive(pid)
+    assert not second.pidfile.exists()
