@@ -17,10 +17,10 @@ from fastavro.write import Writer
 CODECS = ("deflate", "snappy", "zstandard", "null")
 
 # fastavro buffers one block in memory and compresses it once it passes this size, so a writer
-# holds ~1 MiB (plus one record) however many records go through it. fastavro's default (16 kB)
-# and Java Avro's (64 kB) make many tiny deflate blocks; 1 MiB compresses better and every
-# reader streams blocks of that size without trouble.
-SYNC_INTERVAL = 1 << 20
+# holds ~256 KiB (plus one record) however many records go through it, and the writer's cap of
+# open files (cairn.writer) bounds the total. fastavro's default (16 kB) makes many tiny deflate
+# blocks; 256 KiB compresses nearly as well as larger blocks and every reader streams it.
+SYNC_INTERVAL = 256 * 1024
 
 _HEADER = {
     "type": "record",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -89,29 +90,28 @@ class Storage:
     def open_write(self, key: str) -> Iterator[IO[bytes]]:
         """Stream an object; it becomes visible whole on success and not at all on error.
 
-        S3 publishes a (multipart) upload only when it completes; locally the bytes go to a
-        staging file that is renamed into place.
+        The bytes go to a local staging file first, so an open writer holds no upload buffer in
+        memory. Locally it is then renamed into place; on S3 it is uploaded in one PUT (or a
+        multipart upload, which S3 publishes only when it completes).
         """
         target = self.path(key)
         if self.is_local:
             staged = self._staged(key)
-            try:
-                with self.fs.open(staged, "wb") as out:
-                    yield out
+            self.fs.makedirs(os.path.dirname(staged), exist_ok=True)
+        else:
+            handle, staged = tempfile.mkstemp(prefix="cairn-", suffix=".part")
+            os.close(handle)
+        try:
+            with open(staged, "wb") as out:
+                yield out
+            if self.is_local:
                 self.fs.makedirs(os.path.dirname(target), exist_ok=True)
                 os.replace(staged, target)
-            finally:
-                if os.path.exists(staged):
-                    os.unlink(staged)
-            return
-        out = self.fs.open(target, "wb")
-        try:
-            yield out
-        except BaseException:
-            out.discard()  # aborts the multipart upload: nothing is published
-            out.closed = True  # so garbage collection does not try to flush the dropped buffer
-            raise
-        out.close()
+            else:
+                self.fs.put_file(staged, target)
+        finally:
+            if os.path.exists(staged):
+                os.unlink(staged)
 
     def open_read(self, key: str) -> IO[bytes]:
         return self.fs.open(self.path(key), "rb")

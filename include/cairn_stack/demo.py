@@ -10,10 +10,17 @@ import random
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
+import fastavro
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
+from rich.table import Table
 
+from cairn import tokens
+from cairn.config import TopicConfig, dag_safe, find_topic
+from cairn.storage import Storage
+from cairn_stack.airflow_api import AirflowAPI
+from cairn_stack.process import StackError
 from cairn_stack.settings import StackSettings
 
 DEMO_TOPIC = "cairn.demo.events"
@@ -34,12 +41,14 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def sample_events(count: int, start: datetime, seed: int = 7) -> Iterable[bytes]:
-    """JSON events about 300 bytes each, with event times spread over the two days before
-    `start`, so they land in many `dt=/hr=` folders."""
+    """JSON events of about 300 bytes, shaped like real traffic: most happened a few minutes
+    before `start`, and 2% arrive late, up to three days after they happened."""
     rng = random.Random(seed)
     actions = ["view", "click", "add_to_cart", "purchase", "refund"]
     for i in range(count):
-        ts = start - timedelta(seconds=rng.randrange(0, 2 * 86400))
+        late = rng.random() < 0.02
+        delay = rng.uniform(0, 3 * 86400) if late else rng.expovariate(1 / 600)
+        ts = start - timedelta(seconds=delay)
         yield json.dumps(
             {
                 "event_id": f"evt-{i:09d}",
@@ -95,7 +104,38 @@ def produce(
 
 
 def run(settings: StackSettings, console: Console) -> None:
+    """Produce sample events, archive them through Airflow, and show what landed where."""
     create_topic(settings.bootstrap_servers, DEMO_TOPIC, partitions=3)
     now = datetime.now(UTC)
     count = produce(settings.bootstrap_servers, DEMO_TOPIC, sample_events(DEMO_EVENTS, now))
     console.print(f"produced {count} sample events to Kafka topic {DEMO_TOPIC}")
+
+    api = AirflowAPI(settings)
+    dag_id = f"archive__{dag_safe(DEMO_TOPIC)}"
+    with console.status(f"waiting for Airflow to parse {dag_id} …"):
+        api.wait_for_dag(dag_id)
+    run_id = api.trigger(dag_id)
+    with console.status(f"archiving: DAG {dag_id} run {run_id} …"):
+        runs = api.wait_for_runs(dag_id, timeout=900)
+    failed = [r["dag_run_id"] for r in runs if r["state"] != "success"]
+    if failed:
+        raise StackError(
+            f"demo: runs {failed} of {dag_id} failed; see them in {settings.airflow_url}"
+        )
+    show_archive(find_topic(DEMO_TOPIC, settings.topics_file), console)
+    console.print(f"Runs and their summaries: {settings.airflow_url}/dags/{dag_id}")
+
+
+def show_archive(cfg: TopicConfig, console: Console) -> None:
+    """Files and records per output of the topic, and the newest token."""
+    storage = Storage(cfg.root.storage_url)
+    table = Table("output", "files", "records", "example")
+    for kind in ("backup", "partitioned", "quarantine"):
+        keys = [k for k in storage.list(f"{kind}/{cfg.topic}") if k.endswith(".avro")]
+        records = sum(sum(1 for _ in fastavro.reader(storage.open_read(k))) for k in keys)
+        table.add_row(kind, str(len(keys)), str(records), keys[0] if keys else "-")
+    console.print(f"Archive root: {cfg.root.storage_url}")
+    console.print(table)
+    token = tokens.newest(storage, cfg.topic)
+    if token is not None:
+        console.print(f"Newest token {token.seq}: next offsets {token.next_offsets}")
