@@ -17,7 +17,7 @@ from airflow.sdk import BaseHook
 
 from cairn.config import REPO, TopicConfig, find_topic
 from cairn.run import Planned
-from cairn.storage import Storage
+from cairn.storage import Storage, s3_options
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
 SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
@@ -41,13 +41,7 @@ def storage_options(cfg: TopicConfig) -> dict[str, Any]:
     if root.scheme == "file":
         return {}
     conn = BaseHook.get_connection(root.conn_id)
-    extra = conn.extra_dejson
-    options: dict[str, Any] = {"key": conn.login, "secret": conn.password}
-    if extra.get("endpoint_url"):
-        options["endpoint_url"] = extra["endpoint_url"]
-    if extra.get("region_name"):
-        options["client_kwargs"] = {"region_name": extra["region_name"]}
-    return options
+    return s3_options(conn.login, conn.password, conn.extra_dejson)
 
 
 def storage(cfg: TopicConfig) -> Storage:

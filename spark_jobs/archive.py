@@ -89,6 +89,7 @@ def archive(
         records_read={r.partition: r.records for r in results if r.partition is not None},
         files=[entry for r in results for entry in r.files],
         created_at=datetime.now(UTC),
+        gaps=planned.plan.gaps,
     )
     manifest.save(Storage(url, **options), attempt)
     return attempt

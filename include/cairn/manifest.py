@@ -13,11 +13,11 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Literal
 
-from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.layout import data_prefixes, manifest_key, parse_data_key
 from cairn.storage import Storage
-from cairn.tokens import Counts
+from cairn.tokens import Counts, Gap
 
 Kind = Literal["backup", "partitioned", "quarantine"]
 
@@ -55,6 +55,8 @@ class Manifest(BaseModel):
     records_read: dict[NonNegativeInt, NonNegativeInt]
     files: list[FileEntry]
     created_at: datetime
+    gaps: list[Gap] = Field(default_factory=list)
+    """Offsets lost to retention that this attempt skipped (accept_gaps)."""
 
 
 class VerifyReport(BaseModel):

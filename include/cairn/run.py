@@ -65,7 +65,7 @@ def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) ->
         cfg.new_partition_start,
         cfg.accept_gaps,
     )
-    for gap in [*planned.gaps, *(token.gaps if token else [])]:
+    for gap in planned.gaps:
         log.warning(
             "topic %s partition %s: offsets [%s, %s) were lost to retention before archiving "
             "(accepted by accept_gaps)",

@@ -139,6 +139,16 @@ class Storage:
         return self.path(f"{STAGING_DIR}/{uuid.uuid4().hex}-{os.path.basename(key)}")
 
 
+def s3_options(key: str | None, secret: str | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """fsspec/s3fs options from an Airflow-style S3 connection (login, password, extra)."""
+    options: dict[str, Any] = {"key": key, "secret": secret}
+    if extra.get("endpoint_url"):
+        options["endpoint_url"] = extra["endpoint_url"]
+    if extra.get("region_name"):
+        options["client_kwargs"] = {"region_name": extra["region_name"]}
+    return options
+
+
 def _is_precondition_failure(err: BaseException) -> bool:
     if isinstance(err, FileExistsError):
         return True

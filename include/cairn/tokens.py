@@ -194,7 +194,8 @@ def _check_rereadable(
             raise RewindRefused(
                 f"topic {topic!r} partition {partition}: rewinding to {where} would re-read "
                 f"offsets [{start}, {low[partition]}) that Kafka has already deleted (retention); "
-                "nothing was deleted"
+                "nothing was deleted. To re-derive archived output, rebuild the affected dates "
+                "from the backup with the rebuild DAG instead (README, Operating)"
             )
 
 

@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from cairn import storage
 from cairn_stack.process import Service, StackError, port_open
 from cairn_stack.settings import REPO, StackSettings
 
@@ -184,12 +185,8 @@ def seaweedfs(settings: StackSettings) -> Service:
 
 def s3_options(settings: StackSettings) -> dict:
     """fsspec/s3fs options for the stack's S3 endpoint."""
-    return {
-        "key": settings.s3_access_key,
-        "secret": settings.s3_secret_key,
-        "endpoint_url": settings.s3_endpoint,
-        "client_kwargs": {"region_name": "us-east-1"},
-    }
+    extra = {"endpoint_url": settings.s3_endpoint, "region_name": "us-east-1"}
+    return storage.s3_options(settings.s3_access_key, settings.s3_secret_key, extra)
 
 
 def _bucket_ready(settings: StackSettings) -> bool:

@@ -41,7 +41,7 @@ def make_cfg(tmp_path: Path) -> Callable[..., TopicConfig]:
                 event_time: {{field: ts, encoding: iso8601}}
                 archive_root: {root}
             """
-        path = tmp_path / f"topics-{uuid.uuid4().hex[:6]}.yaml"
+        path = tmp_path / f"{topic}.yaml"  # rewritten by each call; tests re-read it by name
         path.write_text(textwrap.dedent(entry) + textwrap.indent(textwrap.dedent(extra), " " * 4))
         return find_topic(topic, path)
 

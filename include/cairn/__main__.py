@@ -1,0 +1,5 @@
+import sys
+
+from cairn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""`python -m cairn tokens list|rewind` — inspect and rewind a topic's offset tokens.
+
+Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the Airflow-style
+variable `AIRFLOW_CONN_<CONN_ID>` (JSON) when it is set, else from the usual AWS variables.
+Kafka's address comes from `--bootstrap-servers` or `CAIRN_BOOTSTRAP_SERVERS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime
+
+from cairn import kafka_meta, tokens
+from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.storage import Storage, s3_options
+
+
+def storage_for(cfg: TopicConfig) -> Storage:
+    root = cfg.root
+    conn = os.environ.get(f"AIRFLOW_CONN_{(root.conn_id or '').upper()}")
+    if root.scheme == "s3" and conn:
+        spec = json.loads(conn)
+        return Storage(
+            root.storage_url,
+            **s3_options(spec.get("login"), spec.get("password"), spec.get("extra") or {}),
+        )
+    return Storage(root.storage_url)
+
+
+def list_tokens(cfg: TopicConfig) -> int:
+    found = tokens.list_tokens(storage_for(cfg), cfg.topic)
+    if not found:
+        print(f"topic {cfg.topic}: no tokens (the next run starts from the beginning)")
+    for token in found:
+        print(
+            f"{token.seq:>6}  {token.created_at:%Y-%m-%d %H:%M:%S}  "
+            f"records={token.counts.read:<8} next={json.dumps(token.next_offsets)}"
+            + (f"  gaps={len(token.gaps)}" if token.gaps else "")
+        )
+    return 0
+
+
+def rewind(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    servers = args.bootstrap_servers or os.environ.get("CAIRN_BOOTSTRAP_SERVERS")
+    if not servers:
+        raise SystemExit(
+            "rewind needs Kafka: pass --bootstrap-servers or set CAIRN_BOOTSTRAP_SERVERS"
+        )
+    low = {p: w.low for p, w in kafka_meta.fetch_watermarks(servers, cfg.topic).items()}
+    try:
+        deleted = tokens.rewind(
+            storage_for(cfg),
+            cfg.topic,
+            low_watermarks=low,
+            count=args.count,
+            to_seq=args.to_seq,
+            before=datetime.fromisoformat(args.before) if args.before else None,
+        )
+    except (tokens.RewindRefused, ValueError) as err:
+        print(f"refused: {err}", file=sys.stderr)
+        return 1
+    for key in deleted:
+        print(f"deleted {key}")
+    print(f"topic {cfg.topic}: the next run re-reads from the newest remaining token")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cairn", description=__doc__.split("\n")[0])
+    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
+    sub = parser.add_subparsers(dest="group", required=True).add_parser("tokens")
+    commands = sub.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="list a topic's tokens").add_argument("topic")
+    back = commands.add_parser("rewind", help="delete the newest tokens (refused past retention)")
+    back.add_argument("topic")
+    back.add_argument("--bootstrap-servers")
+    how = back.add_mutually_exclusive_group(required=True)
+    how.add_argument("--count", type=int, help="delete the newest COUNT tokens")
+    how.add_argument("--to-seq", type=int, help="keep tokens up to this seq (0: delete all)")
+    how.add_argument("--before", help="delete tokens created at or after this ISO time")
+    args = parser.parse_args(argv)
+    cfg = find_topic(args.topic, args.topics_file)
+    return list_tokens(cfg) if args.command == "list" else rewind(cfg, args)

@@ -1,0 +1,115 @@
+"""Retention gaps, offsets ahead of Kafka, and the tokens CLI (list, rewind, refusal)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cairn import manifest, tokens
+from cairn.cli import main as cli
+from cairn.plan import OffsetAheadOfKafka, RetentionGap
+from cairn_stack.demo import create_topic, produce
+from tests.integration.conftest import coords, read_archive
+from tests.integration.test_archive import NOW, event
+
+
+def delete_records(kafka: str, topic: str, before: int) -> None:
+    """Kafka's admin delete-records: what retention does, but deterministic."""
+    admin = AdminClient({"bootstrap.servers": kafka})
+    (future,) = admin.delete_records([TopicPartition(topic, 0, before)]).values()
+    future.result(30)
+
+
+@pytest.fixture
+def archived_twice(kafka, archiver, make_cfg, topic_name):
+    """A one-partition topic archived by two runs: token 1 at offset 5, token 2 at 20."""
+    create_topic(kafka, topic_name, partitions=1)
+    cfg = make_cfg(topic_name)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5)], partition=0)
+    archiver.run(cfg)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5, 20)], partition=0)
+    archiver.run(cfg)
+    return cfg
+
+
+def test_records_deleted_before_archiving_fail_the_run_naming_the_range(
+    kafka, archiver, make_cfg, topic_name, tmp_path
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5)], partition=0)
+    cfg = make_cfg(topic_name)
+    archiver.run(cfg)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5, 20)], partition=0)
+    delete_records(kafka, topic_name, before=12)
+    storage = archiver.storage(cfg)
+    before = storage.list()
+
+    with pytest.raises(RetentionGap, match=rf"{topic_name}.*partition 0.*\[5, 12\)"):
+        archiver.run(cfg)
+    assert storage.list() == before  # failed before writing anything
+
+    accepting = make_cfg(topic_name, "accept_gaps: true\n")
+    summary = archiver.run(accepting)
+
+    assert summary.ranges == {0: (12, 20)}
+    gap = {"partition": 0, "from_offset": 5, "to_offset": 12}
+    newest = tokens.newest(storage, topic_name)
+    assert [g.model_dump() for g in newest.gaps] == [gap]
+    assert [g.model_dump() for g in manifest.load(storage, newest.manifest).gaps] == [gap]
+    offsets = coords(read_archive(storage, topic_name).backup)
+    assert offsets == [(0, o) for o in [*range(5), *range(12, 20)]]
+
+
+def test_offset_ahead_of_kafka_explains_a_recreated_topic(
+    kafka, archiver, archived_twice, topic_name
+) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka})
+    admin.delete_topics([topic_name])[topic_name].result(30)
+    for _ in range(50):  # deletion completes asynchronously
+        try:
+            create_topic(kafka, topic_name, partitions=1)
+            break
+        except KafkaException:
+            time.sleep(0.2)
+    produce(kafka, topic_name, [event(0, NOW)], partition=0)
+
+    with pytest.raises(OffsetAheadOfKafka, match="recreated"):
+        archiver.run(archived_twice)
+
+
+def test_cli_lists_and_rewinds_tokens(
+    kafka, archiver, archived_twice, topic_name, tmp_path, capsys
+) -> None:
+    topics = str(tmp_path / f"{topic_name}.yaml")
+
+    assert cli(["--topics-file", topics, "tokens", "list", topic_name]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listing] == ["1", "2"]
+    assert '{"0": 20}' in listing[1]
+
+    args = ["--topics-file", topics, "tokens", "rewind", topic_name, "--bootstrap-servers", kafka]
+    assert cli([*args, "--count", "1"]) == 0
+    storage = archiver.storage(archived_twice)
+    assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1]
+    summary = archiver.run(archived_twice)
+    assert summary.ranges == {0: (5, 20)}
+    assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(20)]
+
+
+def test_rewind_past_retention_is_refused_and_deletes_nothing(
+    kafka, archiver, archived_twice, topic_name, tmp_path, capsys
+) -> None:
+    delete_records(kafka, topic_name, before=10)
+    storage = archiver.storage(archived_twice)
+    before = storage.list()
+    topics = str(tmp_path / f"{topic_name}.yaml")
+    args = ["--topics-file", topics, "tokens", "rewind", topic_name, "--bootstrap-servers", kafka]
+
+    assert cli([*args, "--count", "1"]) == 1
+
+    error = capsys.readouterr().err
+    assert "[5, 10)" in error and "rebuild" in error
+    assert storage.list() == before
