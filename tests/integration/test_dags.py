@@ -25,9 +25,10 @@ print("RESULT" + json.dumps({"errors": bag.import_errors, "dags": dags}))
 """
 
 
-def parse_dags(tmp_path: Path, topics_file: Path) -> dict:
+def parse_dags(tmp_path: Path, topics_file: Path, **extra_env: str) -> dict:
     """Parse dags/ with Airflow's own DagBag, in a fresh interpreter with its own AIRFLOW_HOME."""
     env = {
+        **extra_env,
         **os.environ,
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -83,3 +84,15 @@ def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: P
     (message,) = [m for f, m in parsed["errors"].items() if f.endswith("cairn_config_check.py")]
     assert "broken.payments" in message
     assert "event_time.encoding" in message
+
+
+def test_pattern_entries_use_the_cached_topic_list(tmp_path: Path) -> None:
+    topics = tmp_path / "topics.yaml"
+    topics.write_text("topics:\n  - pattern: 'orders\\..+'\n    format: raw\n")
+    known = '["orders.eu", "orders.us", "payments", "__consumer_offsets"]'
+
+    parsed = parse_dags(tmp_path, topics, AIRFLOW_VAR_CAIRN_KAFKA_TOPICS=known)
+
+    assert parsed["errors"] == {}
+    archives = sorted(d for d in parsed["dags"] if d.startswith("archive__"))
+    assert archives == ["archive__orders__dot__eu", "archive__orders__dot__us"]
