@@ -12,6 +12,9 @@ year) would open one writer per folder at once and memory would grow with the sp
 out-of-memory that Kafka Connect's S3 sink users hit. With it, the least recently used folder is
 published early and a later record for that folder starts a new file named by its own offset:
 a few more files, the same bounded memory, and still deterministic names.
+
+`ParsedWriter` (partitioned and quarantine files) is shared with `cairn.rebuild`, which re-derives
+a date from the backup: both write the same names, file entries and memory bound.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, NonNegativeInt
@@ -27,7 +30,7 @@ from pydantic import BaseModel, NonNegativeInt
 from cairn.avro import BACKUP_SCHEMA, QUARANTINE_SCHEMA, AvroFileWriter
 from cairn.layout import DataKind, backup_key, partitioned_key, quarantine_key
 from cairn.manifest import FileEntry
-from cairn.parsing import KafkaCoords, Parsed, compile_schema, parse_record
+from cairn.parsing import KafkaCoords, Parsed, Quarantined, compile_schema, parse_record
 from cairn.storage import Storage
 
 if TYPE_CHECKING:
@@ -63,6 +66,17 @@ class PartitionResult(BaseModel):
     files: list[FileEntry]
 
 
+def check_write_args(cfg: TopicConfig, processing_time: datetime, max_open_files: int) -> str:
+    """The topic to write; refuses what would misname files or leave memory unbounded."""
+    if cfg.topic is None:
+        raise ValueError(f"{cfg.label}: resolve the pattern to a topic before writing")
+    if processing_time.tzinfo is None:
+        raise ValueError("processing_time must be timezone-aware")
+    if max_open_files < 1:
+        raise ValueError(f"max_open_files must be at least 1, not {max_open_files}")
+    return cfg.topic
+
+
 def write_partition(
     records: Iterable[KafkaRecord],
     cfg: TopicConfig,
@@ -75,14 +89,10 @@ def write_partition(
     On any exception the files still open are discarded and the exception propagates; files
     already published stay, and the pipeline's clean step removes them before a retry.
     """
-    if cfg.topic is None:
-        raise ValueError(f"{cfg.label}: resolve the pattern to a topic before writing")
-    if processing_time.tzinfo is None:
-        raise ValueError("processing_time must be timezone-aware")
-    if max_open_files < 1:
-        raise ValueError(f"max_open_files must be at least 1, not {max_open_files}")
+    topic = check_write_args(cfg, processing_time, max_open_files)
     with contextlib.ExitStack() as uploads:  # on error, discards every upload still open
-        writer = _PartitionWriter(cfg, cfg.topic, storage, processing_time, max_open_files, uploads)
+        files = OutputFiles(storage, cfg.codec, uploads)
+        writer = _PartitionWriter(cfg, topic, files, processing_time, max_open_files)
         for record in records:
             writer.write(record)
         return writer.finish()
@@ -131,27 +141,108 @@ class _OpenFile:
         )
 
 
+class OutputFiles:
+    """The files one call streams to storage, and the entries of those it published, in order.
+
+    Every upload is registered with `uploads`, so an error that unwinds the caller's ExitStack
+    discards all files not yet published.
+    """
+
+    def __init__(self, storage: Storage, codec: str, uploads: contextlib.ExitStack) -> None:
+        self.storage, self.codec, self.uploads = storage, codec, uploads
+        self.files: list[FileEntry] = []
+
+    def open(self, key: str, kind: DataKind, partition: int, schema: dict[str, Any]) -> _OpenFile:
+        return _OpenFile(self.storage, key, kind, partition, schema, self.codec, self.uploads)
+
+    def publish(self, f: _OpenFile) -> None:
+        self.files.append(f.publish())
+
+
+class ParsedWriter:
+    """The partitioned and quarantine files of one Kafka partition: the part of writing that the
+    archive and the rebuild from backup share.
+
+    Records come in as verbatim (`BACKUP_SCHEMA`) dicts in offset order. The caller `parse`s
+    each and `write`s the ones it keeps: the archive keeps all, a rebuild only its date's.
+    Quarantine goes to the folder of `quarantine_date` (the processing date), and records
+    there carry `processing_time`.
+    """
+
+    def __init__(
+        self,
+        cfg: TopicConfig,
+        files: OutputFiles,
+        processing_time: datetime,
+        quarantine_date: date,
+        max_open_files: int,
+    ) -> None:
+        self.cfg, self.files, self.max_open = cfg, files, max_open_files
+        self.topic = check_write_args(cfg, processing_time, max_open_files)
+        self.processing_time, self.quarantine_date = processing_time, quarantine_date
+        self.processing_ms = (processing_time - _EPOCH) // _MS
+        self.schema = compile_schema(cfg.user_schema or {})
+        self.quarantine: _OpenFile | None = None
+        self.partitioned: OrderedDict[str, _OpenFile] = OrderedDict()  # least recent first
+
+    def parse(self, verbatim: dict[str, Any]) -> Parsed | Quarantined:
+        coords = KafkaCoords(verbatim["partition"], verbatim["offset"], verbatim["timestamp"])
+        return parse_record(verbatim["value"], self.cfg, self.schema, coords, self.processing_time)
+
+    def write(self, verbatim: dict[str, Any], result: Parsed | Quarantined) -> None:
+        partition, offset = verbatim["partition"], verbatim["offset"]
+        if isinstance(result, Parsed):
+            out = self._partitioned(result.folder, partition, offset)
+            out.avro.append(result.record, offset, result.event_time)
+            return
+        if self.quarantine is None:
+            gen = self.cfg.generation
+            key = quarantine_key(self.topic, gen, partition, offset, self.quarantine_date)
+            self.quarantine = self.files.open(key, "quarantine", partition, QUARANTINE_SCHEMA)
+        extra = {"reason": result.reason, "processing_time": self.processing_ms}
+        self.quarantine.avro.append(verbatim | extra, offset)
+
+    def close(self) -> None:
+        """Publish the files still open (quarantine first, then partitioned)."""
+        for f in (self.quarantine, *self.partitioned.values()):
+            if f is not None:
+                self.files.publish(f)
+        self.quarantine = None
+        self.partitioned.clear()
+
+    def _partitioned(self, folder: str, partition: int, offset: int) -> _OpenFile:
+        """The open file for `folder`, least-recently-used eviction keeping at most max_open."""
+        found = self.partitioned.get(folder)
+        if found is not None:
+            self.partitioned.move_to_end(folder)
+            return found
+        if len(self.partitioned) >= self.max_open:
+            _, evicted = self.partitioned.popitem(last=False)
+            self.files.publish(evicted)
+        key = partitioned_key(self.topic, self.cfg.generation, partition, offset, folder)
+        opened = self.files.open(key, "partitioned", partition, self.schema)
+        self.partitioned[folder] = opened
+        return opened
+
+
 class _PartitionWriter:
+    """The archive's writer: every record to backup, and (json topics) to `ParsedWriter`."""
+
     def __init__(
         self,
         cfg: TopicConfig,
         topic: str,
-        storage: Storage,
+        files: OutputFiles,
         processing_time: datetime,
         max_open_files: int,
-        uploads: contextlib.ExitStack,
     ) -> None:
-        self.cfg, self.topic, self.storage, self.uploads = cfg, topic, storage, uploads
-        self.processing_time = processing_time
-        self.processing_ms = (processing_time - _EPOCH) // _MS
-        # The quarantine folder is the processing date in the topic's timezone, like its folders.
-        self.processing_date = processing_time.astimezone(cfg.tzinfo).date()
-        self.max_open = max_open_files
-        self.schema = compile_schema(cfg.user_schema or {}) if cfg.format == "json" else None
+        self.cfg, self.topic, self.files = cfg, topic, files
+        self.parsed: ParsedWriter | None = None
+        if cfg.format == "json":  # raw topics: backup only
+            # The quarantine folder is the processing date in the topic's timezone.
+            day = processing_time.astimezone(cfg.tzinfo).date()
+            self.parsed = ParsedWriter(cfg, files, processing_time, day, max_open_files)
         self.backup: _OpenFile | None = None
-        self.quarantine: _OpenFile | None = None
-        self.partitioned: OrderedDict[str, _OpenFile] = OrderedDict()  # least recent first
-        self.files: list[FileEntry] = []
         self.records = 0
         self.last: KafkaRecord | None = None
 
@@ -161,56 +252,23 @@ class _PartitionWriter:
         verbatim = _verbatim(r)
         if self.backup is None:
             key = backup_key(self.topic, self.cfg.generation, r.partition, r.offset)
-            self.backup = self._open(key, "backup", r.partition, BACKUP_SCHEMA)
+            self.backup = self.files.open(key, "backup", r.partition, BACKUP_SCHEMA)
         self.backup.avro.append(verbatim, r.offset)
-        if self.schema is None:  # raw topic: backup only
-            return
-        coords = KafkaCoords(r.partition, r.offset, r.timestamp)
-        result = parse_record(r.value, self.cfg, self.schema, coords, self.processing_time)
-        if isinstance(result, Parsed):
-            out = self._partitioned(result.folder, r)
-            out.avro.append(result.record, r.offset, result.event_time)
-            return
-        if self.quarantine is None:
-            key = quarantine_key(
-                self.topic, self.cfg.generation, r.partition, r.offset, self.processing_date
-            )
-            self.quarantine = self._open(key, "quarantine", r.partition, QUARANTINE_SCHEMA)
-        extra = {"reason": result.reason, "processing_time": self.processing_ms}
-        self.quarantine.avro.append(verbatim | extra, r.offset)
+        if self.parsed is not None:
+            self.parsed.write(verbatim, self.parsed.parse(verbatim))
 
     def finish(self) -> PartitionResult:
-        for f in (self.backup, self.quarantine, *self.partitioned.values()):
-            if f is not None:
-                self._publish(f)
-        self.partitioned.clear()
+        if self.backup is not None:
+            self.files.publish(self.backup)
+        if self.parsed is not None:
+            self.parsed.close()
         last = self.last
         return PartitionResult(
             partition=None if last is None else last.partition,
             records=self.records,
             last_timestamp=None if last is None else last.timestamp,
-            files=self.files,
+            files=self.files.files,
         )
-
-    def _partitioned(self, folder: str, r: KafkaRecord) -> _OpenFile:
-        """The open file for `folder`, least-recently-used eviction keeping at most max_open."""
-        found = self.partitioned.get(folder)
-        if found is not None:
-            self.partitioned.move_to_end(folder)
-            return found
-        if len(self.partitioned) >= self.max_open:
-            _, evicted = self.partitioned.popitem(last=False)
-            self._publish(evicted)
-        key = partitioned_key(self.topic, self.cfg.generation, r.partition, r.offset, folder)
-        opened = self._open(key, "partitioned", r.partition, self.schema or {})
-        self.partitioned[folder] = opened
-        return opened
-
-    def _open(self, key: str, kind: DataKind, partition: int, schema: dict[str, Any]) -> _OpenFile:
-        return _OpenFile(self.storage, key, kind, partition, schema, self.cfg.codec, self.uploads)
-
-    def _publish(self, f: _OpenFile) -> None:
-        self.files.append(f.publish())
 
     def _check(self, r: KafkaRecord) -> None:
         """File names and verify's offset spans rely on one topic-partition in offset order."""
