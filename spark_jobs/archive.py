@@ -88,6 +88,7 @@ def archive(
         ranges=planned.plan.to_read,
         records_read={r.partition: r.records for r in results if r.partition is not None},
         files=[entry for r in results for entry in r.files],
+        processing_time=processing_time,
         created_at=datetime.now(UTC),
         gaps=planned.plan.gaps,
     )

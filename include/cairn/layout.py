@@ -77,6 +77,11 @@ def token_seq(key: str) -> int | None:
     return int(match.group(2)) if match and _is_topic(match.group(1)) else None
 
 
+def rebuilds_prefix(topic: str, day: date) -> str:
+    """Where the rebuild manifests of one date live."""
+    return f"_rebuilds/{check_topic(topic)}/{day.isoformat()}/"
+
+
 def manifest_key(topic: str, attempt_id: str) -> str:
     if not _SAFE_ID_RE.fullmatch(attempt_id) or attempt_id in (".", ".."):
         raise ValueError(f"unsafe attempt id {attempt_id!r}")

@@ -54,6 +54,8 @@ class Manifest(BaseModel):
     ranges: dict[NonNegativeInt, tuple[NonNegativeInt, NonNegativeInt]]
     records_read: dict[NonNegativeInt, NonNegativeInt]
     files: list[FileEntry]
+    processing_time: datetime
+    """The time the attempt parsed with: quarantine and processing-time layouts use its date."""
     created_at: datetime
     gaps: list[Gap] = Field(default_factory=list)
     """Offsets lost to retention that this attempt skipped (accept_gaps)."""

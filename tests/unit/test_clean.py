@@ -51,6 +51,7 @@ def save_manifest(storage: Storage, attempt: str, ranges: dict[int, tuple[int, i
             ranges=ranges,
             records_read={},
             files=[],
+            processing_time=NOW,
             created_at=NOW,
         ),
     )

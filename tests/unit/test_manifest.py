@@ -69,6 +69,7 @@ def manifest(storage) -> Manifest:
         ranges=PLAN,
         records_read={0: 5, 1: 0},
         files=files,
+        processing_time=datetime(2024, 5, 1, tzinfo=UTC),
         created_at=datetime(2024, 5, 1, tzinfo=UTC),
     )
 

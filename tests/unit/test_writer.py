@@ -165,6 +165,7 @@ def test_output_passes_manifest_verify(tmp_path, storage):
         ranges=ranges,
         records_read={P: result.records},
         files=result.files,
+        processing_time=NOW,
         created_at=NOW,
     )
     report = verify(manifest, ranges, storage)
