@@ -8,17 +8,16 @@ never queries Kafka.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime, timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Variable, get_current_context, task
+from airflow.sdk import DAG, get_current_context, task
 
 from cairn import run
-from cairn.config import TOPICS_FILE, TopicConfig, dag_safe, load_topics, resolve
+from cairn.config import TopicConfig, dag_safe
 from cairn.manifest import VerifyReport
-from cairn_airflow import TOPICS_VARIABLE, ArchiveOperator, bootstrap_servers, storage
+from cairn_airflow import CairnSparkOperator, bootstrap_servers, configured_topics, storage
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             return summary["more_waiting"]
 
         planned = plan()
-        archive = ArchiveOperator(task_id="archive", topic=topic, planned=planned)
+        archive = CairnSparkOperator(task_id="archive", job="archive", topic=topic, payload=planned)
         report = verify(planned)
         summary = commit(planned, report)
         planned >> clean() >> archive >> report
@@ -91,14 +90,6 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             task_id="drain_backlog", trigger_dag_id=dag_id
         )
     return dag
-
-
-def configured_topics() -> list[TopicConfig]:
-    entries = load_topics(TOPICS_FILE).topics
-    known = []
-    if any(entry.pattern for entry in entries):
-        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
-    return resolve(entries, known)
 
 
 for _cfg in configured_topics():

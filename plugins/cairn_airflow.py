@@ -13,18 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, Variable
 
-from cairn.config import REPO, TopicConfig, find_topic
-from cairn.run import Planned
-from cairn.storage import Storage, s3_options
+from cairn.config import REPO, TOPICS_FILE, TopicConfig, find_topic, load_topics, resolve
+from cairn.storage import OPTIONS_VARIABLE, Storage, s3_options
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
 SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
 SPARK_JARS_DIR = Path(os.environ.get("CAIRN_JARS_DIR", REPO / ".cairn" / "jars")) / "spark"
-ARCHIVE_JOB = REPO / "spark_jobs" / "archive.py"
+SPARK_JOBS = REPO / "spark_jobs"
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
+
+
+def configured_topics() -> list[TopicConfig]:
+    """The topics to build DAGs for: exact entries, and pattern entries matched against the
+    topic names `cairn_discover_topics` cached (never a Kafka call while parsing DAG files)."""
+    entries = load_topics(TOPICS_FILE).topics
+    known = []
+    if any(entry.pattern for entry in entries):
+        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
+    return resolve(entries, known)
 
 
 def bootstrap_servers() -> str:
@@ -48,25 +57,26 @@ def storage(cfg: TopicConfig) -> Storage:
     return Storage(cfg.root.storage_url, **storage_options(cfg))
 
 
-class ArchiveOperator(SparkSubmitOperator):
-    """Submit spark_jobs/archive.py for the planned run, through the Spark connection.
+class CairnSparkOperator(SparkSubmitOperator):
+    """Submit one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
 
-    Credentials are resolved when the task runs (never at DAG parse time) and reach the job as
-    environment, not as arguments that would show in process listings and the Spark UI.
+    `payload` (templated, usually the upstream task's XCom) reaches the job as `--payload JSON`.
+    Credentials and Kafka's address are resolved when the task runs (never at DAG parse time)
+    and reach the job as environment, not as arguments that show in process listings.
     """
 
-    template_fields = (*SparkSubmitOperator.template_fields, "planned")
+    template_fields = (*SparkSubmitOperator.template_fields, "payload")
 
-    def __init__(self, *, topic: str, planned: Any, **kwargs: Any) -> None:
+    def __init__(self, *, job: str, topic: str, payload: Any, **kwargs: Any) -> None:
         super().__init__(
-            application=str(ARCHIVE_JOB),
+            application=str(SPARK_JOBS / f"{job}.py"),
             conn_id=SPARK_CONN_ID,
-            name=f"cairn-archive-{topic}",
+            name=f"cairn-{job}-{topic}",
             conf={"spark.ui.showConsoleProgress": "false"},
             **kwargs,
         )
         self.topic = topic
-        self.planned = planned
+        self.payload = payload
 
     def execute(self, context: Any) -> None:
         jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
@@ -74,15 +84,10 @@ class ArchiveOperator(SparkSubmitOperator):
             raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")
         self.jars = ",".join(map(str, jars))
         cfg = find_topic(self.topic)
-        planned = Planned.model_validate(self.planned)
-        self.application_args = [
-            "--planned",
-            planned.model_dump_json(),
-            "--bootstrap-servers",
-            bootstrap_servers(),
-        ]
+        self.application_args = ["--payload", json.dumps(self.payload)]
         self.env_vars = {
-            "CAIRN_STORAGE_OPTIONS": json.dumps(storage_options(cfg)),
+            OPTIONS_VARIABLE: json.dumps(storage_options(cfg)),
+            "CAIRN_BOOTSTRAP_SERVERS": bootstrap_servers(),
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }

@@ -4,16 +4,15 @@ Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka pa
 in offset order, as Arrow batches; `cairn.writer.write_partition` streams them into backup,
 partitioned and quarantine files; the driver gathers what was written into the attempt manifest.
 
-    spark-submit --jars <spark-sql-kafka jars> spark_jobs/archive.py \\
-        --planned '<Planned JSON from the plan task>' --bootstrap-servers host:9092
+    CAIRN_BOOTSTRAP_SERVERS=host:9092 spark-submit --jars <spark-sql-kafka jars> \\
+        spark_jobs/archive.py --payload '<Planned JSON from the plan task>'
 
-Storage credentials (fsspec options, JSON) come from the CAIRN_STORAGE_OPTIONS variable.
+Storage credentials (fsspec options, JSON) come from CAIRN_STORAGE_OPTIONS.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -25,7 +24,7 @@ from cairn import manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.plan import kafka_assign_json, kafka_json_offsets
 from cairn.run import Planned
-from cairn.storage import Storage
+from cairn.storage import Storage, options_from_env
 from cairn.writer import KafkaRecord, PartitionResult, write_partition
 
 # Arrow batches handed to Python are capped in bytes as well as records, so a run of 5 MB
@@ -97,23 +96,19 @@ def archive(
 
 
 def main() -> None:
-    args = parse_args()
-    planned = Planned.model_validate_json(args.planned)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--payload", required=True, help="the planned run (JSON)")
+    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
+    args = parser.parse_args()
+    planned = Planned.model_validate_json(args.payload)
     cfg = find_topic(planned.topic, args.topics_file)
-    options = json.loads(os.environ.get("CAIRN_STORAGE_OPTIONS") or "{}")
     spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
-    attempt = archive(spark, planned, cfg, args.bootstrap_servers, options)
+    attempt = archive(
+        spark, planned, cfg, os.environ["CAIRN_BOOTSTRAP_SERVERS"], options_from_env()
+    )
     spark.stop()
     read = sum(attempt.records_read.values())
     print(f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}")
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--planned", required=True, help="Planned run (JSON)")
-    parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
-    return parser.parse_args()
 
 
 if __name__ == "__main__":

@@ -112,6 +112,30 @@ class RebuildManifest(BaseModel):
         return f"{rebuilds_prefix(self.topic, self.day)}{self.attempt_id}.json"
 
 
+class Selection(BaseModel):
+    """What one rebuild run re-derives (travels from the select task to the Spark job)."""
+
+    day: date
+    snapshot: Snapshot
+    sources: list[Source]
+
+
+def select(
+    storage: Storage,
+    cfg: TopicConfig,
+    day: date,
+    margin: timedelta = _DAY,
+    also_from: Iterable[date] = (),
+) -> Selection | None:
+    """Snapshot the committed tokens and choose the backup files for `day`; None if the topic
+    was never archived."""
+    snap = take_snapshot(storage, cfg.topic)
+    if snap is None:
+        return None
+    sources = select_sources(storage, cfg, snap, day, margin, also_from)
+    return Selection(day=day, snapshot=snap, sources=sources)
+
+
 def take_snapshot(storage: Storage, topic: str) -> Snapshot | None:
     """The committed tokens now; None if nothing was ever committed."""
     committed = tokens.list_tokens(storage, topic)

@@ -8,6 +8,7 @@ create-if-absent (S3 `If-None-Match: *`, a hard link on local disk) that is how 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import uuid
@@ -137,6 +138,14 @@ class Storage:
 
     def _staged(self, key: str) -> str:
         return self.path(f"{STAGING_DIR}/{uuid.uuid4().hex}-{os.path.basename(key)}")
+
+
+OPTIONS_VARIABLE = "CAIRN_STORAGE_OPTIONS"
+"""How Spark jobs receive storage credentials: fsspec options as JSON in the environment."""
+
+
+def options_from_env() -> dict[str, Any]:
+    return json.loads(os.environ.get(OPTIONS_VARIABLE) or "{}")
 
 
 def s3_options(key: str | None, secret: str | None, extra: dict[str, Any]) -> dict[str, Any]:

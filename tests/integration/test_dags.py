@@ -59,6 +59,9 @@ def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
     assert archive["max_active_runs"] == 1
     assert archive["catchup"] is False
     assert "cairn_discover_topics" in parsed["dags"]
+    rebuild = parsed["dags"]["rebuild__cairn__dot__demo__dot__events"]
+    assert rebuild["tasks"] == ["rebuild", "report", "select"]
+    assert rebuild["max_active_runs"] == 1 and rebuild["catchup"] is False
 
 
 def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: Path) -> None:
@@ -80,6 +83,7 @@ def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: P
     parsed = parse_dags(tmp_path, topics)
 
     assert "archive__good__dot__orders" in parsed["dags"]
+    assert "rebuild__good__dot__orders" not in parsed["dags"]  # raw: nothing to re-derive
     assert not any("broken" in dag_id for dag_id in parsed["dags"])
     (message,) = [m for f, m in parsed["errors"].items() if f.endswith("cairn_config_check.py")]
     assert "broken.payments" in message
