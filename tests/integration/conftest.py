@@ -8,16 +8,18 @@ import textwrap
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 import fastavro
 import pytest
 
-from cairn import run
+from cairn import rebuild, run
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
 from cairn.layout import parse_data_key
 from cairn.storage import Storage
 from spark_jobs.archive import archive
+from spark_jobs.rebuild import rebuild as rebuild_job
 
 DEMO_SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
 
@@ -68,6 +70,12 @@ class Archiver:
     def finish(self, cfg: TopicConfig, planned: run.Planned) -> run.Summary:
         report = run.verify_run(self.storage(cfg), planned)
         return run.commit_run(cfg, self.storage(cfg), planned, report, self.bootstrap)
+
+    def rebuild(self, cfg: TopicConfig, day: date, **select_args) -> rebuild.Selection:
+        """One rebuild run as the rebuild DAG drives it: select, then the Spark job."""
+        chosen = rebuild.select(self.storage(cfg), cfg, day, **select_args)
+        rebuild_job(self.spark, chosen, cfg, self.options)
+        return chosen
 
     def run(self, cfg: TopicConfig) -> run.Summary | None:
         """One whole run; None when planning found nothing new (no Spark, no token)."""
