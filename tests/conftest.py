@@ -101,7 +101,26 @@ def spark_cluster(stack_settings: StackSettings) -> Iterator[str]:
 
 
 E2E_TOPIC = "e2e.orders"
+E2E_FIXED = "e2e.fixed"
 E2E_PREFIX = "e2e"
+
+
+def e2e_topics(settings: StackSettings, fixed_field: str) -> str:
+    """The topics file Airflow runs with; E2E_FIXED reads its event time from `fixed_field`."""
+    schema = REPO / "include" / "schemas" / "demo_event.avsc"
+    return f"""
+defaults:
+  format: json
+  schema: {schema}
+  archive_root: s3://{settings.s3_conn_id}@{settings.bucket}/{E2E_PREFIX}
+  schedule: "@daily"
+topics:
+  - topic: {E2E_TOPIC}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_records_per_partition: 60
+  - topic: {E2E_FIXED}
+    event_time: {{field: {fixed_field}, encoding: iso8601}}
+"""
 
 
 @pytest.fixture(scope="session")
@@ -109,21 +128,9 @@ def airflow(
     stack_settings: StackSettings, kafka: str, s3: dict, spark_cluster: str, tmp_path_factory
 ) -> Iterator[AirflowAPI]:
     """Airflow 3 (api-server, scheduler, dag-processor) whose Spark connection points at the
-    standalone cluster, archiving E2E_TOPIC to S3 with a small per-run cap."""
+    standalone cluster, archiving the E2E topics (e2e_topics) to S3."""
     topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
-    schema = REPO / "include" / "schemas" / "demo_event.avsc"
-    topics.write_text(
-        f"""
-topics:
-  - topic: {E2E_TOPIC}
-    format: json
-    schema: {schema}
-    event_time: {{field: ts, encoding: iso8601}}
-    archive_root: s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/{E2E_PREFIX}
-    max_records_per_partition: 60
-    schedule: "@daily"
-"""
-    )
+    topics.write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
     settings = stack_settings.model_copy(
         update={"spark_master": spark_cluster, "topics_file": topics}
     )

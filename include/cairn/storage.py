@@ -45,7 +45,11 @@ class Storage:
         else:
             if not parts.netloc:
                 raise ValueError(f"archive root {url!r}: no bucket")
-            self.fs = fsspec.filesystem("s3", **options)
+            # No listing cache, no shared instance: another process (a Spark task, a racing run)
+            # may have changed the bucket since, and every decision here must see it as it is.
+            self.fs = fsspec.filesystem(
+                "s3", skip_instance_cache=True, use_listings_cache=False, **options
+            )
             self.root = (parts.netloc + parts.path).rstrip("/")
 
     def path(self, key: str) -> str:

@@ -1,9 +1,16 @@
-"""`python -m cairn_stack up | down | status | demo` — the local stack from the command line."""
+"""`python -m cairn_stack up | down | status | demo | airflow …` — the local stack.
+
+`airflow …` runs the Airflow CLI against the stack (its home, database and connections), e.g.
+`python -m cairn_stack airflow backfill create --dag-id … --from-date … --to-date …`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -60,9 +67,14 @@ def status(settings: StackSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cairn_stack", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    parser.add_argument("command", choices=["up", "down", "status", "demo", "airflow"])
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="for `airflow`: its arguments")
     args = parser.parse_args(argv)
     settings = StackSettings()
+    if args.command == "airflow":
+        exe = str(Path(sys.executable).parent / "airflow")
+        env = {**os.environ, **services.airflow_env(settings)}
+        return subprocess.run([exe, *args.args], env=env, check=False).returncode
     try:
         if args.command == "up":
             up(settings)

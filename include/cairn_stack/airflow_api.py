@@ -15,6 +15,7 @@ FINISHED = {"success", "failed"}
 
 class AirflowAPI:
     def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
         self.base = settings.airflow_url
         self.user, self.password = settings.airflow_user, settings.airflow_password
         self._token: str | None = None
@@ -57,6 +58,22 @@ class AirflowAPI:
     def trigger(self, dag_id: str) -> str:
         run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
         return run["dag_run_id"]
+
+    def backfill(self, dag_id: str, first: str, last: str) -> dict:
+        """Runs for every interval whose start is within [first, last] (ISO dates)."""
+        body = {
+            "dag_id": dag_id,
+            "from_date": f"{first}T00:00:00Z",
+            "to_date": f"{last}T00:00:00Z",
+            "reprocess_behavior": "completed",
+            "max_active_runs": 1,
+        }
+        return self.call("POST", "/api/v2/backfills", body)
+
+    def clear(self, dag_id: str, run_id: str) -> None:
+        """Clear every task of a run so it runs again, as the UI's Clear does."""
+        body = {"dry_run": False, "only_failed": False, "dag_run_id": run_id}
+        self.call("POST", f"/api/v2/dags/{dag_id}/clearTaskInstances", body)
 
     def runs(self, dag_id: str) -> list[dict]:
         return self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=start_date")["dag_runs"]

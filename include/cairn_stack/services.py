@@ -8,10 +8,12 @@ here too, so the CLI and the test fixtures start the very same things.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
 import shutil
+import sqlite3
 import subprocess
 import sys
 import urllib.request
@@ -238,7 +240,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{settings.airflow_user}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        # SQLite waits up to a minute for a lock (its 5 s default fails runs on a busy 2-core
+        # machine); WAL mode, set after migrating, lets readers go on while one process writes.
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
         "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
         "AIRFLOW__API__BASE_URL": settings.airflow_url,
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
@@ -265,6 +269,10 @@ def airflow(settings: StackSettings) -> list[Service]:
         )
         if done.returncode != 0:
             raise StackError(f"airflow: `airflow db migrate` failed:\n{done.stderr[-3000:]}")
+        with contextlib.closing(
+            sqlite3.connect(settings.state_dir / "airflow" / "airflow.db")
+        ) as db:
+            db.execute("PRAGMA journal_mode=WAL")
 
     def service(name: str, argv: list[str], ports: list[int], component: str) -> Service:
         return Service(

@@ -4,12 +4,16 @@ per-run cap triggers the next one at once until the backlog is drained."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from cairn import tokens
 from cairn.storage import Storage
 from cairn_stack.demo import create_topic, produce, sample_events
-from tests.conftest import E2E_PREFIX, E2E_TOPIC
+from tests.conftest import E2E_FIXED, E2E_PREFIX, E2E_TOPIC, e2e_topics
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once
+from tests.integration.test_rebuild import NOON as REBUILD_NOON
+from tests.integration.test_rebuild import folders_of, sent_late
 
 DAG_ID = "archive__e2e__dot__orders"
 
@@ -42,3 +46,42 @@ def test_triggered_run_drains_the_backlog_on_the_cluster_into_s3(
     assert first["ranges"] == {"0": [0, 60], "1": [0, 60]}
     assert first["counts"]["backup"] == 120 and first["more_waiting"] is True
     assert first["offset_lag"] == {"0": 40, "1": 40} and first["time_lag_seconds"] > 0
+
+
+def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(
+    airflow, kafka, s3, stack_settings
+) -> None:
+    """Archive with the wrong event-time field, backfill the rebuild DAG over the affected dates
+    (same output: the parser is still wrong), fix the field, clear those runs: right output."""
+    create_topic(kafka, E2E_FIXED, partitions=1)
+    times = {f"e{i}": REBUILD_NOON + timedelta(minutes=37 * i) for i in range(20)}
+    produce(kafka, E2E_FIXED, [sent_late(i, ts) for i, ts in enumerate(times.values())])
+    archive_id = "archive__e2e__dot__fixed"
+    airflow.wait_for_dag(archive_id)
+    airflow.trigger(archive_id)
+    assert all(r["state"] == "success" for r in airflow.wait_for_runs(archive_id, timeout=600))
+    storage = Storage(f"s3://{stack_settings.bucket}/{E2E_PREFIX}", **s3)
+    assert folders_of(read_archive(storage, E2E_FIXED)) != expected_folders(times)
+    dag_id = "rebuild__e2e__dot__fixed"
+    airflow.wait_for_dag(dag_id)
+
+    airflow.backfill(dag_id, "2024-05-01", "2024-05-02")
+    runs = [r for r in airflow.wait_for_runs(dag_id, timeout=900) if r["run_type"] == "backfill"]
+    assert sorted(r["logical_date"][:10] for r in runs) == ["2024-05-01", "2024-05-02"]
+    assert folders_of(read_archive(storage, E2E_FIXED)) != expected_folders(times)
+
+    airflow.settings.topics_file.write_text(e2e_topics(stack_settings, fixed_field="ts"))
+    for r in runs:
+        airflow.clear(dag_id, r["dag_run_id"])
+    rerun = airflow.wait_for_runs(dag_id, timeout=900)
+
+    assert all(r["state"] == "success" for r in rerun), rerun
+    contents = read_archive(storage, E2E_FIXED)
+    assert folders_of(contents) == expected_folders(times)
+    assert_exactly_once(contents, all_offsets({0: 20}))
+    summary = airflow.xcom(dag_id, runs[0]["dag_run_id"], "report")
+    assert summary["day"] in ("2024-05-01", "2024-05-02") and summary["files"] > 0
+
+
+def expected_folders(times: dict) -> dict[str, str]:
+    return {e: ts.strftime("dt=%Y-%m-%d/hr=%H") for e, ts in times.items()}
