@@ -31,18 +31,21 @@ import tempfile
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import fastavro
 import psutil
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from cairn import kafka_meta, manifest, run
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
 from cairn.storage import Storage
+from cairn.writer import DEFAULT_MAX_OPEN_FILES
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
@@ -78,7 +81,8 @@ class Result:
     mb_per_second: float
     peak_rss_total_mb: float
     peak_rss_jvm_mb: float
-    peak_rss_python_mb: float
+    peak_rss_python_driver_mb: float
+    peak_rss_python_workers_mb: float
     peak_processes: int
     files: dict[str, int]
     output_bytes: int
@@ -90,6 +94,9 @@ class Result:
     spread_hours: int
     machine: str
     date: str
+    commit: str
+    load_average: tuple[float, float]
+    """1-minute load before and after the Spark job: above ~2 on 2 cores, others competed."""
     command: str
     spark_command: str = ""
     notes: list[str] = field(default_factory=list)
@@ -171,10 +178,15 @@ def topics_file(path: Path, topic: str, archive: Path, records: int) -> TopicCon
 
 @dataclass
 class Peaks:
+    """Peak RSS in bytes: of the whole tree, and per role (java, Python driver, Python workers).
+
+    RSS counts pages shared by forked workers once per process, so the total slightly overstates.
+    """
+
     total: int = 0
-    jvm: int = 0
-    python: int = 0
+    roles: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     processes: int = 0
+    _cmdlines: dict[tuple[int, str], list[str]] = field(default_factory=dict)
 
     def sample(self, root: psutil.Process) -> int:
         """Add one sample of `root`'s process tree; returns its total RSS."""
@@ -182,34 +194,53 @@ class Peaks:
             procs = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             return 0
-        total = jvm = python = 0
+        now = dict.fromkeys(ROLES, 0)
         for p in procs:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                rss, name = p.memory_info().rss, p.name()
-                total += rss
-                jvm += rss if name == "java" else 0
-                python += rss if name.startswith("python") else 0
-        self.total, self.jvm = max(self.total, total), max(self.jvm, jvm)
-        self.python, self.processes = max(self.python, python), max(self.processes, len(procs))
+                rss = p.memory_info().rss
+                role = _role(p, self._cmdlines)
+                now[role] += rss
+        for role, rss in now.items():
+            self.roles[role] = max(self.roles[role], rss)
+        self.processes = max(self.processes, len(procs))
+        total = sum(now.values())
+        self.total = max(self.total, total)
         return total
 
 
-def spark_argv(planned: run.Planned, bootstrap: str, topics: Path, driver_memory: str) -> list[str]:
+ROLES = ("jvm", "python driver", "python workers", "other")
+
+
+def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]]) -> str:
+    """The process's role; keyed by pid and name, as spark-submit's shell execs into java."""
+    name = p.name()
+    if name == "java":
+        return "jvm"
+    if not name.startswith("python"):
+        return "other"
+    cmdline = cmdlines.get((p.pid, name)) or cmdlines.setdefault((p.pid, name), p.cmdline())
+    return "python driver" if str(JOB) in cmdline else "python workers"
+
+
+def spark_argv(planned: run.Planned, topics: Path, driver_memory: str) -> list[str]:
+    """The job's command line as the Airflow operator builds it (Kafka's address goes by env)."""
     jars = ",".join(sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar")))
     return [
         str(VENV_BIN / "spark-submit"),
         *["--master", "local[2]", "--driver-memory", driver_memory, "--jars", jars],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
         str(JOB),
-        *["--planned", planned.model_dump_json(), "--bootstrap-servers", bootstrap],
-        *["--topics-file", str(topics)],
+        *["--payload", planned.model_dump_json(), "--topics-file", str(topics)],
     ]
 
 
-def spark_submit(argv: list[str], tasks: int, log: Path, timeout: float) -> tuple[float, Peaks]:
+def spark_submit(
+    argv: list[str], bootstrap: str, tasks: int, log: Path, timeout: float
+) -> tuple[float, Peaks]:
     """Run the job; returns its wall time and memory peaks. Fails loudly with the log's tail."""
     env = {
         **os.environ,
+        "CAIRN_BOOTSTRAP_SERVERS": bootstrap,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "CAIRN_STORAGE_OPTIONS": "{}",
@@ -271,10 +302,14 @@ def task_seconds(log: Path) -> list[float]:
 
 def benchmark(args: argparse.Namespace, work: Path) -> Result:
     notes: list[str] = []
+    commit = git_commit()  # before the run: others may commit while it goes
+    load: list[float] = []
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap_servers or stack.enter_context(private_kafka(work / "stack"))
         topic = f"bench.events-{uuid.uuid4().hex[:8]}"
         create_topic(bootstrap, topic, args.partitions)
+        if args.bootstrap_servers:  # someone else's Kafka: leave no topic behind
+            stack.callback(delete_topic, bootstrap, topic)
 
         payloads = work / "payloads.jsonl"
         payloads.write_bytes(b"\n".join(event_lines(args.payloads, args.spread_hours, args.seed)))
@@ -295,10 +330,12 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         if planned.plan.capped:
             raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
 
-        argv = spark_argv(planned, bootstrap, topics, args.driver_memory)
+        argv = spark_argv(planned, topics, args.driver_memory)
         tasks = len(planned.plan.to_read)
-        spark_s, peaks = spark_submit(argv, tasks, work / "spark.log", args.timeout)
+        load.append(os.getloadavg()[0])
+        spark_s, peaks = spark_submit(argv, bootstrap, tasks, work / "spark.log", args.timeout)
         console.print(f"spark job finished in {spark_s:.1f}s")
+        load.append(os.getloadavg()[0])
 
         with console.status("verifying"):
             t = time.perf_counter()
@@ -325,11 +362,12 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
     if files["partitioned"] > 10 * args.spread_hours * args.partitions:
         notes.append(
             f"{files['partitioned']:,} partitioned files for {args.spread_hours} hour folders: "
-            "events arrive in random time order and the writer keeps at most 16 folders open, "
-            "so most records evict a file and start a new one"
+            "events arrive in random time order and the writer keeps at most "
+            f"{DEFAULT_MAX_OPEN_FILES} folders open, so most records evict a file and start "
+            "a new one"
         )
     shown = [shlex.quote(a) for a in argv]
-    shown[argv.index("--planned") + 1] = "'<Planned JSON>'"
+    shown[argv.index("--payload") + 1] = "'<Planned JSON>'"
     shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
     return Result(
         records=args.records,
@@ -342,8 +380,9 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         records_per_second=round(args.records / spark_s),
         mb_per_second=round(value_bytes / spark_s / 1e6, 3),
         peak_rss_total_mb=round(peaks.total / 2**20),
-        peak_rss_jvm_mb=round(peaks.jvm / 2**20),
-        peak_rss_python_mb=round(peaks.python / 2**20),
+        peak_rss_jvm_mb=round(peaks.roles["jvm"] / 2**20),
+        peak_rss_python_driver_mb=round(peaks.roles["python driver"] / 2**20),
+        peak_rss_python_workers_mb=round(peaks.roles["python workers"] / 2**20),
         peak_processes=peaks.processes,
         files=files,
         output_bytes=c.bytes,
@@ -355,14 +394,21 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         spread_hours=args.spread_hours,
         machine=machine(),
         date=datetime.now(UTC).isoformat(timespec="seconds"),
+        commit=commit,
+        load_average=(round(load[0], 2), round(load[1], 2)),
         command=shlex.join([".venv/bin/python", "benchmarks/archive_throughput.py", *sys.argv[1:]]),
-        spark_command=" ".join(shown),
+        spark_command=f"CAIRN_BOOTSTRAP_SERVERS={bootstrap} " + " ".join(shown),
         notes=notes,
     )
 
 
+def delete_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    admin.delete_topics([topic])[topic].result(30)
+
+
 @contextlib.contextmanager
-def private_kafka(state_dir: Path):
+def private_kafka(state_dir: Path) -> Iterator[str]:
     """A single-node KRaft broker on free ports, state under `state_dir`; yields bootstrap."""
     (port,) = free_port_block(1, step=2)
     settings = StackSettings(state_dir=state_dir, kafka_port=port, kafka_controller_port=port + 1)
@@ -383,6 +429,17 @@ def backup_value_bytes(storage: Storage, attempt: manifest.Manifest) -> int:
             with storage.fs.open(storage.path(entry.key), "rb") as f:
                 total += sum(len(r["value"] or b"") for r in fastavro.reader(f))
     return total
+
+
+def git_commit() -> str:
+    """HEAD, marked dirty when the code the run uses has uncommitted changes."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    dirty = git("status", "--porcelain", "-uno", "--", "include/cairn", "spark_jobs")
+    return git("rev-parse", "--short", "HEAD") + (" (dirty)" if dirty else "")
 
 
 def machine() -> str:
@@ -417,15 +474,21 @@ def print_result(r: Result) -> None:
         ("plan + clean", f"{r.plan_clean_seconds:.2f} s"),
         ("Spark job wall", f"{r.spark_seconds:.1f} s (spark-submit to exit, local[2])"),
         ("throughput", f"{r.records_per_second:,} records/s, {r.mb_per_second:.2f} MB/s"),
-        ("Spark tasks", f"{tasks} s"),
+        ("Spark tasks", f"{tasks} s (in finishing order)"),
         ("peak RSS total", f"{r.peak_rss_total_mb:,} MB ({r.peak_processes} processes)"),
         ("peak RSS JVM", f"{r.peak_rss_jvm_mb:,} MB (driver memory {r.driver_memory})"),
-        ("peak RSS Python", f"{r.peak_rss_python_mb:,} MB (driver + workers)"),
+        (
+            "peak RSS Python",
+            f"{r.peak_rss_python_driver_mb:,} MB driver (archive.py), "
+            f"{r.peak_rss_python_workers_mb:,} MB workers (pyspark daemon + workers)",
+        ),
         ("files written", f"{r.files['total']:,}: {files}"),
         ("output bytes", f"{r.output_bytes:,}"),
         ("verify, commit", f"{r.verify_seconds:.1f} s, {r.commit_seconds:.1f} s"),
         ("machine", r.machine),
         ("date", r.date),
+        ("commit", r.commit),
+        ("load (1 min)", f"{r.load_average[0]:.1f} before, {r.load_average[1]:.1f} after the job"),
         ("reproduce", r.command),
     ]
     width = max(len(k) for k, _ in rows)
@@ -456,8 +519,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="cairn-bench-"))
     try:
         result = benchmark(args, work)
-    except BaseException as err:
-        console.print(f"[red]benchmark failed:[/red] {err}\n(kept {work})")
+    except BenchError as err:
+        console.print(
+            f"[red]benchmark failed:[/red] {err}\n(kept {work})", highlight=False, soft_wrap=True
+        )
+        return 1
+    except BaseException:
+        console.print(f"[red]benchmark failed[/red] (kept {work})")
         raise
     if args.keep:
         console.print(f"kept {work}")
