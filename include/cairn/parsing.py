@@ -146,10 +146,13 @@ def _parse(
         "_kafka_timestamp": coords.timestamp,
         "_event_time": event_ms,
     }
-    try:
-        validate(record, schema, raise_errors=True)
-    except ValidationError as err:
-        raise _Reject(_mismatch(err, schema["name"], missing)) from None
+    # The quick check first: with raise_errors=True fastavro builds an error object for every
+    # union branch that does not match, even on valid records; only a misfit pays for the reason.
+    if not validate(record, schema, raise_errors=False):
+        try:
+            validate(record, schema, raise_errors=True)
+        except ValidationError as err:
+            raise _Reject(_mismatch(err, schema["name"], missing)) from None
     if _ESCAPED_SURROGATE.search(text):
         try:
             json.dumps(record, ensure_ascii=False).encode("utf-8")

@@ -36,7 +36,7 @@ from cairn.storage import Storage
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
 
-DEFAULT_MAX_OPEN_FILES = 128
+DEFAULT_MAX_OPEN_FILES = 256
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 
