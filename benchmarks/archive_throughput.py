@@ -105,14 +105,16 @@ class Result:
 # --- data ------------------------------------------------------------------------------------
 
 
-def event_lines(count: int, spread_hours: int, seed: int) -> list[bytes]:
+def event_lines(
+    count: int, spread_hours: int, seed: int, end: datetime = EVENTS_END
+) -> list[bytes]:
     """Distinct JSON events like cairn_stack.demo.sample_events, ~300 bytes each, with event
-    times spread over the `spread_hours` before a fixed instant."""
+    times spread over the `spread_hours` before `end` (a fixed instant by default)."""
     rng = random.Random(seed)
     actions = ["view", "click", "add_to_cart", "purchase", "refund"]
     lines = []
     for i in range(count):
-        ts = EVENTS_END - timedelta(milliseconds=rng.randrange(spread_hours * 3_600_000))
+        ts = end - timedelta(milliseconds=rng.randrange(spread_hours * 3_600_000))
         event = {
             "event_id": f"evt-{i:09d}",
             "user_id": f"user-{rng.randrange(100000):06d}",
@@ -186,6 +188,8 @@ class Peaks:
     total: int = 0
     roles: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     processes: int = 0
+    job: Path = JOB
+    """The Spark job's script: a Python process running it is the driver."""
     _cmdlines: dict[tuple[int, str], list[str]] = field(default_factory=dict)
 
     def sample(self, root: psutil.Process) -> int:
@@ -198,7 +202,7 @@ class Peaks:
         for p in procs:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 rss = p.memory_info().rss
-                role = _role(p, self._cmdlines)
+                role = _role(p, self._cmdlines, self.job)
                 now[role] += rss
         for role, rss in now.items():
             self.roles[role] = max(self.roles[role], rss)
@@ -211,7 +215,7 @@ class Peaks:
 ROLES = ("jvm", "python driver", "python workers", "other")
 
 
-def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]]) -> str:
+def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]], job: Path = JOB) -> str:
     """The process's role; keyed by pid and name, as spark-submit's shell execs into java."""
     name = p.name()
     if name == "java":
@@ -219,7 +223,7 @@ def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]]) -> str:
     if not name.startswith("python"):
         return "other"
     cmdline = cmdlines.get((p.pid, name)) or cmdlines.setdefault((p.pid, name), p.cmdline())
-    return "python driver" if str(JOB) in cmdline else "python workers"
+    return "python driver" if str(job) in cmdline else "python workers"
 
 
 def spark_argv(planned: run.Planned, topics: Path, driver_memory: str) -> list[str]:
@@ -235,9 +239,16 @@ def spark_argv(planned: run.Planned, topics: Path, driver_memory: str) -> list[s
 
 
 def spark_submit(
-    argv: list[str], bootstrap: str, tasks: int, log: Path, timeout: float
+    argv: list[str],
+    bootstrap: str,
+    tasks: int,
+    log: Path,
+    timeout: float,
+    job: Path = JOB,
+    label: str = "archiving (spark-submit)",
 ) -> tuple[float, Peaks]:
-    """Run the job; returns its wall time and memory peaks. Fails loudly with the log's tail."""
+    """Run the job (`job`: its script); returns its wall time and memory peaks. Fails loudly
+    with the log's tail."""
     env = {
         **os.environ,
         "CAIRN_BOOTSTRAP_SERVERS": bootstrap,
@@ -246,9 +257,9 @@ def spark_submit(
         "CAIRN_STORAGE_OPTIONS": "{}",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    peaks = Peaks()
+    peaks = Peaks(job=job)
     with open(log, "wb") as out, _progress() as progress:
-        task = progress.add_task("archiving (spark-submit)", total=tasks)
+        task = progress.add_task(label, total=tasks)
         start = time.perf_counter()
         proc = subprocess.Popen(
             argv,
@@ -268,7 +279,7 @@ def spark_submit(
                 progress.update(
                     task,
                     completed=done,
-                    description=f"archiving (spark-submit) rss {rss / 2**20:,.0f} MB",
+                    description=f"{label} rss {rss / 2**20:,.0f} MB",
                 )
                 time.sleep(SAMPLE_EVERY)
         finally:

@@ -1,0 +1,425 @@
+"""Rebuild time of ONE day of parsed output from the backup, and how many backup files it reads.
+
+Archives a history of `--days` days into a fresh 4-partition topic, day by day, each with its own
+archive runs (plan, clean, the real Spark archive job through spark-submit, verify, commit — the
+functions of `archive_throughput.py`): `--records` records for the day that is rebuilt (the
+middle one) and `--other-records` for every other day. A day's records have event times on that
+day, except `--late-fraction` (1%) that are late: event times on the day before. Then rebuilds
+the middle day as the rebuild DAG does: `cairn.rebuild.select` (timed), the real
+`spark_jobs/rebuild.py` through spark-submit (timed, peak RSS sampled), and checks that the day's
+folders hold exactly the records with that event date, once each.
+
+    .venv/bin/python benchmarks/rebuild_day.py                        # 10 days, 1M rebuilt
+    .venv/bin/python benchmarks/rebuild_day.py --days 3 --records 20000 --other-records 5000
+
+A private Kafka is started and stopped unless `--bootstrap-servers` names a running one; the
+rest lives in a temporary folder, removed afterwards (kept when the run fails or with `--keep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import fastavro
+from archive_throughput import (
+    VENV_BIN,
+    BenchError,
+    console,
+    delete_topic,
+    event_lines,
+    git_commit,
+    machine,
+    private_kafka,
+    produce,
+    spark_argv,
+    spark_submit,
+    topics_file,
+)
+
+from cairn import kafka_meta, manifest, rebuild, run
+from cairn.config import TopicConfig
+from cairn.storage import Storage
+from cairn_stack.demo import create_topic
+from cairn_stack.settings import REPO
+
+REBUILD_JOB = REPO / "spark_jobs" / "rebuild.py"
+FIRST_DAY = date(2025, 1, 1)  # fixed, so the folders are the same every run
+_REMOVED = re.compile(r"removed (\d+) stale files")
+
+
+@dataclass
+class Result:
+    day: str
+    days: int
+    runs_per_day: int
+    partitions: int
+    records_in_day: int
+    """Records whose event date is the day: its on-time records plus the next day's late ones."""
+    records_produced: dict[str, int]
+    backup_files_read: int
+    backup_files_total: int
+    backup_records_read: int
+    backup_records_total: int
+    select_seconds: float
+    spark_seconds: float
+    records_per_second: float
+    """Records of the day written per second of the Spark rebuild job's wall time."""
+    backup_records_per_second: float
+    """Backup records re-parsed per second of the Spark rebuild job's wall time."""
+    peak_rss_total_mb: float
+    peak_rss_jvm_mb: float
+    peak_rss_python_driver_mb: float
+    peak_rss_python_workers_mb: float
+    files_written: int
+    files_removed: int
+    files_in_day_before: int
+    check_seconds: float
+    archive_seconds: float
+    """All archive runs (produce + plan/clean/Spark/verify/commit) of the history."""
+    archive_runs: int
+    driver_memory: str
+    machine: str
+    date: str
+    commit: str
+    load_average: tuple[float, float]
+    command: str
+    spark_command: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+# --- the history -----------------------------------------------------------------------------
+
+
+def midnight(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def split(total: int, parts: int) -> list[int]:
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def archive_once(
+    cfg: TopicConfig,
+    storage: Storage,
+    bootstrap: str,
+    topics: Path,
+    expected: int,
+    args: argparse.Namespace,
+    log: Path,
+) -> float:
+    """One archive run as the archive DAG does it; returns the Spark job's wall time."""
+    planned = run.plan_run(cfg, storage, bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
+    run.clean_run(cfg, storage)
+    if planned.plan.capped:
+        raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
+    argv = spark_argv(planned, topics, args.driver_memory)
+    seconds, _ = spark_submit(argv, bootstrap, len(planned.plan.to_read), log, args.timeout)
+    report = run.verify_run(storage, planned)
+    counts = run.commit_run(cfg, storage, planned, report, bootstrap).counts
+    if (counts.read, counts.backup, counts.partitioned) != (expected,) * 3:
+        raise BenchError(f"archive run committed {counts}, expected {expected} records; see {log}")
+    return seconds
+
+
+def archive_history(
+    args: argparse.Namespace,
+    work: Path,
+    bootstrap: str,
+    topic: str,
+    cfg: TopicConfig,
+    storage: Storage,
+    topics: Path,
+    target: int,
+) -> tuple[dict[date, tuple[int, int]], int]:
+    """Produce and archive every day; returns {day: (on-time, late)} and the number of runs."""
+    produced: dict[date, tuple[int, int]] = {}
+    total = runs = 0
+    for k in range(args.days):
+        day = FIRST_DAY + timedelta(days=k)
+        n = args.records if k == target else args.other_records
+        late = round(n * args.late_fraction)
+        produced[day] = (n - late, late)
+        on_time_file, late_file = work / f"on-time-{day}.jsonl", work / f"late-{day}.jsonl"
+        seed = args.seed + 2 * k
+        end = midnight(day + timedelta(days=1))
+        on_time_file.write_bytes(b"\n".join(event_lines(args.payloads, 24, seed, end)))
+        late_lines = event_lines(max(args.payloads // 100, 10), 24, seed + 1, midnight(day))
+        late_file.write_bytes(b"\n".join(late_lines))
+        for r, (a, b) in enumerate(
+            zip(split(n - late, args.runs_per_day), split(late, args.runs_per_day), strict=True)
+        ):
+            for count, payload in ((a, on_time_file), (b, late_file)):
+                if count:
+                    produce(bootstrap, topic, count, payload, work / "producer.log")
+            total += a + b
+            in_kafka = kafka_meta.fetch_watermarks(bootstrap, topic)
+            if (held := sum(w.high - w.low for w in in_kafka.values())) != total:
+                raise BenchError(f"{topic} holds {held} records, not {total}")
+            log = work / f"archive-{day}-{r}.log"
+            spark_s = archive_once(cfg, storage, bootstrap, topics, a + b, args, log)
+            runs += 1
+            console.print(
+                f"day {day} run {r + 1}/{args.runs_per_day}: archived {a + b:,} records "
+                f"({b:,} late) in {spark_s:.1f}s"
+            )
+    return produced, runs
+
+
+# --- the rebuild -----------------------------------------------------------------------------
+
+
+def rebuild_argv(selection: rebuild.Selection, topics: Path, driver_memory: str) -> list[str]:
+    """The rebuild job's command line as the rebuild DAG builds it (no Kafka: no jars)."""
+    return [
+        str(VENV_BIN / "spark-submit"),
+        *["--master", "local[2]", "--driver-memory", driver_memory],
+        *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
+        str(REBUILD_JOB),
+        *["--payload", selection.model_dump_json(), "--topics-file", str(topics)],
+    ]
+
+
+def day_files(storage: Storage, topic: str, day: date) -> tuple[list[str], list[str]]:
+    """Keys of the day's partitioned files and quarantine files."""
+    partitioned = [k for k in storage.list(f"partitioned/{topic}/dt={day}/") if k.endswith(".avro")]
+    return partitioned, storage.list(f"quarantine/{topic}/dt={day}/")
+
+
+def count_records(storage: Storage, keys: list[str]) -> tuple[int, int]:
+    """Records in the files by their Avro block counts, and how many distinct Kafka
+    (partition, offset) they hold (read record by record)."""
+    blocks = 0
+    seen: set[tuple[int, int]] = set()
+    for key in keys:
+        with storage.open_read(key) as f:
+            blocks += sum(b.num_records for b in fastavro.block_reader(f))
+        with storage.open_read(key) as f:
+            seen.update((r["_kafka_partition"], r["_kafka_offset"]) for r in fastavro.reader(f))
+    return blocks, len(seen)
+
+
+# --- the whole benchmark ---------------------------------------------------------------------
+
+
+def benchmark(args: argparse.Namespace, work: Path) -> Result:
+    notes: list[str] = []
+    commit = git_commit()
+    target = args.days // 2
+    day = FIRST_DAY + timedelta(days=target)
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap_servers or stack.enter_context(private_kafka(work / "stack"))
+        topic = f"bench.events-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, args.partitions)
+        if args.bootstrap_servers:
+            stack.callback(delete_topic, bootstrap, topic)
+        topics = work / "topics.yaml"
+        cap = max(args.records, args.other_records)
+        cfg = topics_file(topics, topic, work / "archive", cap)
+        storage = Storage(cfg.root.storage_url)
+
+        t = time.perf_counter()
+        produced, runs = archive_history(args, work, bootstrap, topic, cfg, storage, topics, target)
+        archive_s = time.perf_counter() - t
+
+    # Kafka is no longer needed: the rebuild reads the backup only.
+    following = day + timedelta(days=1)
+    in_day = produced[day][0] + (produced[following][1] if following in produced else 0)
+    before, _ = day_files(storage, topic, day)
+    with console.status("counting the day's records before the rebuild"):
+        blocks, distinct = count_records(storage, before)
+    if (blocks, distinct) != (in_day, in_day):
+        raise BenchError(
+            f"archive filed {blocks} records ({distinct} distinct) in {day}, not {in_day}"
+        )
+
+    t = time.perf_counter()
+    selection = rebuild.select(storage, cfg, day)
+    select_s = time.perf_counter() - t
+    if selection is None:
+        raise BenchError("nothing committed: select found no snapshot")
+    backups = [
+        e
+        for key in selection.snapshot.manifests
+        for e in manifest.load(storage, key).files
+        if e.kind == "backup"
+    ]
+    spans = {e.key: e.last_offset - e.first_offset + 1 for e in backups}
+    read_records = sum(spans[s.key] for s in selection.sources)
+    console.print(
+        f"select: {len(selection.sources)} of {len(backups)} backup files in {select_s:.2f}s"
+    )
+
+    argv = rebuild_argv(selection, topics, args.driver_memory)
+    log = work / "rebuild.log"
+    load = [os.getloadavg()[0]]
+    spark_s, peaks = spark_submit(
+        argv,
+        "",
+        len(selection.sources),
+        log,
+        args.timeout,
+        job=REBUILD_JOB,
+        label="rebuilding (spark-submit)",
+    )
+    load.append(os.getloadavg()[0])
+    console.print(f"rebuild job finished in {spark_s:.1f}s")
+    removed = [int(n) for n in _REMOVED.findall(log.read_text(errors="replace"))]
+    if len(removed) != 1:
+        raise BenchError(f"no summary line in {log}")
+
+    with console.status("checking the rebuilt day"):
+        t = time.perf_counter()
+        rebuilt = rebuild.newest_rebuild(storage, topic, day)
+        if rebuilt is None:
+            raise BenchError(f"no rebuild manifest for {day}")
+        after, quarantined = day_files(storage, topic, day)
+        blocks, distinct = count_records(storage, after)
+        check_s = time.perf_counter() - t
+    if (blocks, distinct) != (in_day, in_day):
+        raise BenchError(
+            f"rebuilt {day} holds {blocks} records ({distinct} distinct), not {in_day}"
+        )
+    if quarantined:
+        raise BenchError(f"{len(quarantined)} quarantine files in {day} (expected none)")
+    if odd := set(after) ^ {e.key for e in rebuilt.files}:
+        raise BenchError(f"{day}'s files differ from the rebuild's, e.g. {sorted(odd)[:3]}")
+
+    shown = [shlex.quote(a) for a in argv]
+    shown[argv.index("--payload") + 1] = "'<Selection JSON>'"
+    return Result(
+        day=str(day),
+        days=args.days,
+        runs_per_day=args.runs_per_day,
+        partitions=args.partitions,
+        records_in_day=in_day,
+        records_produced={str(d): a + b for d, (a, b) in produced.items()},
+        backup_files_read=len(selection.sources),
+        backup_files_total=len(backups),
+        backup_records_read=read_records,
+        backup_records_total=sum(spans.values()),
+        select_seconds=round(select_s, 4),
+        spark_seconds=round(spark_s, 2),
+        records_per_second=round(in_day / spark_s),
+        backup_records_per_second=round(read_records / spark_s),
+        peak_rss_total_mb=round(peaks.total / 2**20),
+        peak_rss_jvm_mb=round(peaks.roles["jvm"] / 2**20),
+        peak_rss_python_driver_mb=round(peaks.roles["python driver"] / 2**20),
+        peak_rss_python_workers_mb=round(peaks.roles["python workers"] / 2**20),
+        files_written=len(rebuilt.files),
+        files_removed=removed[0],
+        files_in_day_before=len(before),
+        check_seconds=round(check_s, 1),
+        archive_seconds=round(archive_s, 1),
+        archive_runs=runs,
+        driver_memory=args.driver_memory,
+        machine=machine(),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        commit=commit,
+        load_average=(round(load[0], 2), round(load[1], 2)),
+        command=shlex.join([".venv/bin/python", "benchmarks/rebuild_day.py", *sys.argv[1:]]),
+        spark_command=" ".join(shown),
+        notes=notes,
+    )
+
+
+def print_result(r: Result) -> None:
+    rows = [
+        ("day rebuilt", f"{r.day} (of {r.days} days, {r.runs_per_day} archive run(s) per day)"),
+        ("records in day", f"{r.records_in_day:,} (checked: each once, none elsewhere)"),
+        (
+            "backup files read",
+            f"{r.backup_files_read:,} / {r.backup_files_total:,} "
+            f"({r.backup_records_read:,} / {r.backup_records_total:,} records)",
+        ),
+        ("select time", f"{r.select_seconds * 1000:,.0f} ms (cairn.rebuild.select)"),
+        ("Spark rebuild wall", f"{r.spark_seconds:.1f} s (spark-submit to exit, local[2])"),
+        (
+            "throughput",
+            f"{r.records_per_second:,} day records/s, "
+            f"{r.backup_records_per_second:,} backup records re-parsed/s",
+        ),
+        ("peak RSS total", f"{r.peak_rss_total_mb:,} MB"),
+        ("peak RSS JVM", f"{r.peak_rss_jvm_mb:,} MB (driver memory {r.driver_memory})"),
+        (
+            "peak RSS Python",
+            f"{r.peak_rss_python_driver_mb:,} MB driver (rebuild.py), "
+            f"{r.peak_rss_python_workers_mb:,} MB workers",
+        ),
+        (
+            "files",
+            f"{r.files_written:,} written, {r.files_removed:,} removed "
+            f"({r.files_in_day_before:,} in the day before)",
+        ),
+        ("history archive", f"{r.archive_seconds:.0f} s for {r.archive_runs} runs (not above)"),
+        ("machine", r.machine),
+        ("date", r.date),
+        ("commit", r.commit),
+        ("load (1 min)", f"{r.load_average[0]:.1f} before, {r.load_average[1]:.1f} after the job"),
+        ("reproduce", r.command),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n== Cairn rebuild of one day ==")
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    for note in r.notes:
+        print(f"note: {note}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=10, help="days of history")
+    parser.add_argument("--records", type=int, default=1_000_000, help="of the rebuilt day")
+    parser.add_argument("--other-records", type=int, default=100_000, help="of each other day")
+    parser.add_argument("--late-fraction", type=float, default=0.01, help="from the day before")
+    parser.add_argument("--runs-per-day", type=int, default=1, help="archive runs per day")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--payloads", type=int, default=10_000, help="distinct events per day")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument("--bootstrap-servers", help="use this Kafka instead of a private one")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per Spark job")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cairn-rebuild-bench-"))
+    try:
+        result = benchmark(args, work)
+    except BenchError as err:
+        console.print(
+            f"[red]benchmark failed:[/red] {err}\n(kept {work})", highlight=False, soft_wrap=True
+        )
+        return 1
+    except BaseException:
+        console.print(f"[red]benchmark failed[/red] (kept {work})")
+        raise
+    if args.keep:
+        console.print(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print_result(result)
+        print(f"spark-submit: {result.spark_command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
