@@ -525,11 +525,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> int:
-    args = parse_args()
-    work = Path(tempfile.mkdtemp(prefix="cairn-bench-"))
+def run_benchmark(benchmark_fn, print_fn, args: argparse.Namespace, prefix: str) -> int:
+    """Run one benchmark in a temporary folder (kept on failure or with --keep) and print it."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        result = benchmark(args, work)
+        result = benchmark_fn(args, work)
     except BenchError as err:
         console.print(
             f"[red]benchmark failed:[/red] {err}\n(kept {work})", highlight=False, soft_wrap=True
@@ -545,9 +545,13 @@ def main() -> int:
     if args.json:
         print(json.dumps(asdict(result), indent=2))
     else:
-        print_result(result)
+        print_fn(result)
         print(f"spark-submit: {result.spark_command}")
     return 0
+
+
+def main() -> int:
+    return run_benchmark(benchmark, print_result, parse_args(), "cairn-bench-")
 
 
 if __name__ == "__main__":

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shlex
-import shutil
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -44,6 +41,7 @@ from archive_throughput import (
     machine,
     private_kafka,
     produce,
+    run_benchmark,
     spark_argv,
     spark_submit,
     topics_file,
@@ -397,28 +395,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> int:
-    args = parse_args()
-    work = Path(tempfile.mkdtemp(prefix="cairn-rebuild-bench-"))
-    try:
-        result = benchmark(args, work)
-    except BenchError as err:
-        console.print(
-            f"[red]benchmark failed:[/red] {err}\n(kept {work})", highlight=False, soft_wrap=True
-        )
-        return 1
-    except BaseException:
-        console.print(f"[red]benchmark failed[/red] (kept {work})")
-        raise
-    if args.keep:
-        console.print(f"kept {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps(asdict(result), indent=2))
-    else:
-        print_result(result)
-        print(f"spark-submit: {result.spark_command}")
-    return 0
+    return run_benchmark(benchmark, print_result, parse_args(), "cairn-rebuild-bench-")
 
 
 if __name__ == "__main__":
