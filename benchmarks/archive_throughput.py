@@ -496,6 +496,14 @@ def print_result(r: Result) -> None:
         ("files written", f"{r.files['total']:,}: {files}"),
         ("output bytes", f"{r.output_bytes:,}"),
         ("verify, commit", f"{r.verify_seconds:.1f} s, {r.commit_seconds:.1f} s"),
+    ]
+    print_rows("Cairn archive throughput", rows, r)
+
+
+def print_rows(title: str, rows: list[tuple[str, str]], r) -> None:
+    """A result block: the benchmark's rows, then where and when it ran, and its notes."""
+    rows = [
+        *rows,
         ("machine", r.machine),
         ("date", r.date),
         ("commit", r.commit),
@@ -503,7 +511,7 @@ def print_result(r: Result) -> None:
         ("reproduce", r.command),
     ]
     width = max(len(k) for k, _ in rows)
-    print("\n== Cairn archive throughput ==")
+    print(f"\n== {title} ==")
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     for note in r.notes:

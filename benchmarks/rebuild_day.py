@@ -39,6 +39,7 @@ from archive_throughput import (
     event_lines,
     git_commit,
     machine,
+    print_rows,
     private_kafka,
     produce,
     run_benchmark,
@@ -362,18 +363,8 @@ def print_result(r: Result) -> None:
             f"({r.files_in_day_before:,} in the day before)",
         ),
         ("history archive", f"{r.archive_seconds:.0f} s for {r.archive_runs} runs (not above)"),
-        ("machine", r.machine),
-        ("date", r.date),
-        ("commit", r.commit),
-        ("load (1 min)", f"{r.load_average[0]:.1f} before, {r.load_average[1]:.1f} after the job"),
-        ("reproduce", r.command),
     ]
-    width = max(len(k) for k, _ in rows)
-    print("\n== Cairn rebuild of one day ==")
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    for note in r.notes:
-        print(f"note: {note}")
+    print_rows("Cairn rebuild of one day", rows, r)
 
 
 def parse_args() -> argparse.Namespace:
