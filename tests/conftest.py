@@ -31,8 +31,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
-    ports = free_port_block(10, step=2)
-    kafka, s3, master, volume, filer, airflow, logs, spark, spark_ui, worker_ui = ports
+    ports = free_port_block(11, step=2)
+    kafka, s3, master, volume, filer, airflow, logs, spark, spark_ui, worker_ui, pg = ports
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka,
@@ -46,6 +46,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         spark_cluster_port=spark,
         spark_cluster_ui_port=spark_ui,
         spark_worker_ui_port=worker_ui,
+        postgres_port=pg,
     )
 
 
@@ -127,12 +128,12 @@ topics:
 def airflow(
     stack_settings: StackSettings, kafka: str, s3: dict, spark_cluster: str, tmp_path_factory
 ) -> Iterator[AirflowAPI]:
-    """Airflow 3 (api-server, scheduler, dag-processor) whose Spark connection points at the
-    standalone cluster, archiving the E2E topics (e2e_topics) to S3."""
+    """Airflow 3 (PostgreSQL, api-server, scheduler, dag-processor) whose Spark connection points
+    at the standalone cluster, archiving the E2E topics (e2e_topics) to S3."""
     topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
     topics.write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
     settings = stack_settings.model_copy(
-        update={"spark_master": spark_cluster, "topics_file": topics}
+        update={"spark_master": spark_cluster, "topics_file": topics, "airflow_dags_paused": True}
     )
     started = []
     try:

@@ -31,6 +31,7 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     prepare: Callable[[], None] | None = None
     """First-start chores (checks, formatting, migrations), run only when not yet running."""
+    stop_signal: int = signal.SIGTERM
 
     @property
     def log(self) -> Path:
@@ -111,7 +112,7 @@ class Service:
         pid = self.pid()
         if pid is None:
             return False
-        _signal_group(pid, signal.SIGTERM)
+        _signal_group(pid, self.stop_signal)
         deadline = time.monotonic() + timeout
         while _start_time(pid) is not None and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -1,19 +1,20 @@
-"""The stack's services — Kafka (KRaft), SeaweedFS (S3) and Airflow 3 — as `Service` objects.
+"""The stack's services — Kafka (KRaft), SeaweedFS (S3), PostgreSQL and Airflow 3 — as
+`Service` objects.
 
 Each function takes the settings and returns what `Service.start` needs; first-start chores
-(formatting Kafka's storage, writing SeaweedFS credentials, migrating Airflow's database) live
-here too, so the CLI and the test fixtures start the very same things.
+(formatting Kafka's storage, writing SeaweedFS credentials, creating and migrating Airflow's
+database) live here too, so the CLI and the test fixtures start the very same things.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
+import importlib.util
 import json
 import os
 import secrets
 import shutil
-import sqlite3
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -233,16 +234,14 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(settings.airflow_dags_paused),
         "CAIRN_TOPICS_FILE": str(settings.topics_file),
         "CAIRN_JARS_DIR": str(settings.jars_dir),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{settings.airflow_user}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        # SQLite waits up to a minute for a lock (its 5 s default fails runs on a busy 2-core
-        # machine); WAL mode, set after migrating, lets readers go on while one process writes.
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": settings.airflow_database_url,
         "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
         "AIRFLOW__API__BASE_URL": settings.airflow_url,
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
@@ -254,8 +253,88 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     return env
 
 
+def postgres(settings: StackSettings) -> Service:
+    """Airflow's metadata database: PostgreSQL 16 from the `pgserver` wheel, on loopback only.
+
+    Not SQLite: with LocalExecutor, concurrent task-state writes through the api-server held
+    SQLite's one write lock against each other for a minute and failed runs.
+    """
+    state = settings.state_dir / "postgres"
+    data = state / "data"
+    bin_dir = Path(importlib.util.find_spec("pgserver").submodule_search_locations[0])
+    bin_dir = bin_dir / "pginstall" / "bin"
+
+    def run(argv: list[str], stdin: str | None = None) -> None:
+        done = subprocess.run(
+            [*_unprivileged(), *argv], input=stdin, capture_output=True, text=True, timeout=120
+        )
+        # Single-user mode exits 0 even when a statement fails, so its output is checked too.
+        if done.returncode != 0 or "ERROR:" in done.stderr:
+            shutil.rmtree(data, ignore_errors=True)
+            output = f"{done.stdout}{done.stderr}"
+            raise StackError(f"postgres: {Path(argv[0]).name} failed:\n{output}")
+
+    def prepare() -> None:
+        if (data / "PG_VERSION").exists():
+            return
+        state.mkdir(parents=True, exist_ok=True)
+        pwfile = state / "password"
+        pwfile.write_text(settings.postgres_password)
+        try:
+            user = ["-U", settings.postgres_user, f"--pwfile={pwfile}"]
+            run(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(data),
+                    *user,
+                    "-E",
+                    "UTF8",
+                    "-A",
+                    "scram-sha-256",
+                ]
+            )
+        finally:
+            pwfile.unlink()
+        single = [str(bin_dir / "postgres"), "--single", "-D", str(data), "postgres"]
+        run(single, "CREATE DATABASE airflow;\n")
+
+    # No Unix socket (`-k ''`): its path could exceed the OS limit under a deep state folder.
+    server = [str(bin_dir / "postgres"), "-D", str(data), "-h", settings.host, "-k", ""]
+    return Service(
+        name="postgres",
+        argv=[*_unprivileged(), *server, "-p", str(settings.postgres_port)],
+        state_dir=settings.state_dir,
+        ports=[settings.postgres_port],
+        healthy=lambda: _postgres_ready(settings),
+        prepare=prepare,
+        stop_signal=signal.SIGINT,  # "fast" shutdown; SIGTERM waits for every client to leave
+    )
+
+
+def _unprivileged() -> list[str]:
+    """PostgreSQL refuses to run as root. As root (CI, containers) it runs in a user namespace
+    as `nobody`, which there owns root's files, so its data stays under the state folder."""
+    return (
+        ["unshare", "--user", "--map-user=65534", "--map-group=65534"] if os.geteuid() == 0 else []
+    )
+
+
+def _postgres_ready(settings: StackSettings) -> bool:
+    import psycopg2
+
+    try:
+        psycopg2.connect(
+            settings.airflow_database_url.replace("+psycopg2", ""), connect_timeout=2
+        ).close()
+        return True
+    except psycopg2.OperationalError:
+        return False
+
+
 def airflow(settings: StackSettings) -> list[Service]:
-    """api-server, scheduler and dag-processor; the first start migrates the metadata DB."""
+    """PostgreSQL, then api-server, scheduler and dag-processor; the api-server's first start
+    migrates the metadata database."""
     env = airflow_env(settings)
     exe = str(Path(sys.executable).parent / "airflow")
 
@@ -269,10 +348,6 @@ def airflow(settings: StackSettings) -> list[Service]:
         )
         if done.returncode != 0:
             raise StackError(f"airflow: `airflow db migrate` failed:\n{done.stderr[-3000:]}")
-        with contextlib.closing(
-            sqlite3.connect(settings.state_dir / "airflow" / "airflow.db")
-        ) as db:
-            db.execute("PRAGMA journal_mode=WAL")
 
     def service(name: str, argv: list[str], ports: list[int], component: str) -> Service:
         return Service(
@@ -287,6 +362,7 @@ def airflow(settings: StackSettings) -> list[Service]:
 
     api = ["api-server", "--host", settings.host, "--port", str(settings.airflow_port)]
     return [
+        postgres(settings),
         service("airflow-api-server", api, [settings.airflow_port], "metadatabase"),
         service("airflow-scheduler", ["scheduler"], [settings.airflow_log_port], "scheduler"),
         service("airflow-dag-processor", ["dag-processor"], [], "dag_processor"),

@@ -31,6 +31,8 @@ class StackSettings(BaseSettings):
     airflow_port: int = 8080
     airflow_log_port: int = 8793
     """The scheduler's task-log server (Airflow's worker_log_server_port)."""
+    postgres_port: int = 5432
+    """Airflow's metadata database (`services.postgres`)."""
 
     s3_access_key: str = "cairn"
     s3_secret_key: str = "cairn-secret-key"
@@ -39,8 +41,13 @@ class StackSettings(BaseSettings):
     kafka_conn_id: str = "cairn_kafka"
     s3_conn_id: str = "cairn_s3"
     spark_conn_id: str = "cairn_spark"
+    airflow_dags_paused: bool = False
+    """New DAGs start paused. The test stack sets it, so that no scheduled run starts before a
+    test has created its topic (a run on a missing topic fails and retries for minutes)."""
     airflow_user: str = "admin"
     airflow_password: str = "admin"
+    postgres_user: str = "airflow"
+    postgres_password: str = "airflow"
 
     spark_cluster_port: int = 7077
     spark_cluster_ui_port: int = 8081
@@ -60,6 +67,11 @@ class StackSettings(BaseSettings):
     @property
     def s3_endpoint(self) -> str:
         return f"http://{self.host}:{self.s3_port}"
+
+    @property
+    def airflow_database_url(self) -> str:
+        user, password = self.postgres_user, self.postgres_password
+        return f"postgresql+psycopg2://{user}:{password}@{self.host}:{self.postgres_port}/airflow"
 
     @property
     def airflow_url(self) -> str:

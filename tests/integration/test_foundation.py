@@ -1,15 +1,18 @@
-"""The foundation under every later feature: Kafka ranges through Spark, and the storage API on
-both kinds of archive root."""
+"""The foundation under every later feature: Kafka ranges through Spark, the storage API on
+both kinds of archive root, and Airflow's metadata database."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
 import pytest
 
 from cairn.storage import ObjectExists, Storage
+from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
+from cairn_stack.process import free_port_block
 
 
 def test_spark_reads_exactly_the_requested_offset_range(kafka: str, spark) -> None:
@@ -82,3 +85,33 @@ def test_storage_refuses_keys_escaping_the_root(storage: Storage) -> None:
     for key in ("../outside", "backup/../../x", "a//b", ""):
         with pytest.raises(ValueError, match="invalid storage key"):
             storage.write(key, b"x")
+
+
+def test_postgres_keeps_its_data_and_shuts_down_cleanly_with_a_client_connected(
+    tmp_path, stack_settings
+) -> None:
+    """Airflow's metadata database: first start creates it (as root too, where PostgreSQL
+    itself refuses to run), a restart keeps what was written, and `down` stops it cleanly even
+    while a client holds a connection (a plain SIGTERM would wait for that client forever)."""
+    import psycopg2
+
+    settings = stack_settings.model_copy(
+        update={"state_dir": tmp_path, "postgres_port": free_port_block(1)[0]}
+    )
+    dsn = settings.airflow_database_url.replace("+psycopg2", "")
+    service = services.postgres(settings)
+    service.start(settings.start_timeout)
+    try:
+        db = psycopg2.connect(dsn)
+        with db, db.cursor() as cur:
+            cur.execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('x')")
+        assert service.stop()
+        db.close()
+        assert "database system is shut down" in service.log.read_text()
+
+        service.start(settings.start_timeout)
+        with contextlib.closing(psycopg2.connect(dsn)) as db, db.cursor() as cur:
+            cur.execute("SELECT v FROM kept")
+            assert cur.fetchall() == [("x",)]
+    finally:
+        service.stop()
