@@ -261,8 +261,7 @@ def postgres(settings: StackSettings) -> Service:
     """
     state = settings.state_dir / "postgres"
     data = state / "data"
-    bin_dir = Path(importlib.util.find_spec("pgserver").submodule_search_locations[0])
-    bin_dir = bin_dir / "pginstall" / "bin"
+    bin_dir = postgres_bin()
 
     def run(argv: list[str], stdin: str | None = None) -> None:
         done = subprocess.run(
@@ -280,20 +279,9 @@ def postgres(settings: StackSettings) -> Service:
         state.mkdir(parents=True, exist_ok=True)
         pwfile = state / "password"
         pwfile.write_text(settings.postgres_password)
+        user = ["-U", settings.postgres_user, f"--pwfile={pwfile}", "-A", "scram-sha-256"]
         try:
-            user = ["-U", settings.postgres_user, f"--pwfile={pwfile}"]
-            run(
-                [
-                    str(bin_dir / "initdb"),
-                    "-D",
-                    str(data),
-                    *user,
-                    "-E",
-                    "UTF8",
-                    "-A",
-                    "scram-sha-256",
-                ]
-            )
+            run([str(bin_dir / "initdb"), "-D", str(data), "-E", "UTF8", *user])
         finally:
             pwfile.unlink()
         single = [str(bin_dir / "postgres"), "--single", "-D", str(data), "postgres"]
@@ -312,6 +300,14 @@ def postgres(settings: StackSettings) -> Service:
     )
 
 
+def postgres_bin() -> Path:
+    """PostgreSQL's programs in the `pgserver` wheel (found, not imported: its package
+    sets up a server of its own on import)."""
+    return (
+        Path(importlib.util.find_spec("pgserver").submodule_search_locations[0]) / "pginstall/bin"
+    )
+
+
 def _unprivileged() -> list[str]:
     """PostgreSQL refuses to run as root. As root (CI, containers) it runs in a user namespace
     as `nobody`, which there owns root's files, so its data stays under the state folder."""
@@ -324,9 +320,7 @@ def _postgres_ready(settings: StackSettings) -> bool:
     import psycopg2
 
     try:
-        psycopg2.connect(
-            settings.airflow_database_url.replace("+psycopg2", ""), connect_timeout=2
-        ).close()
+        psycopg2.connect(settings.postgres_url, connect_timeout=2).close()
         return True
     except psycopg2.OperationalError:
         return False

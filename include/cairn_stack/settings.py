@@ -69,9 +69,15 @@ class StackSettings(BaseSettings):
         return f"http://{self.host}:{self.s3_port}"
 
     @property
-    def airflow_database_url(self) -> str:
+    def postgres_url(self) -> str:
+        """Airflow's metadata database, as a libpq URL."""
         user, password = self.postgres_user, self.postgres_password
-        return f"postgresql+psycopg2://{user}:{password}@{self.host}:{self.postgres_port}/airflow"
+        return f"postgresql://{user}:{password}@{self.host}:{self.postgres_port}/airflow"
+
+    @property
+    def airflow_database_url(self) -> str:
+        """The same database for SQLAlchemy, through psycopg2."""
+        return self.postgres_url.replace("postgresql://", "postgresql+psycopg2://", 1)
 
     @property
     def airflow_url(self) -> str:

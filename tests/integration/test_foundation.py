@@ -98,7 +98,7 @@ def test_postgres_keeps_its_data_and_shuts_down_cleanly_with_a_client_connected(
     settings = stack_settings.model_copy(
         update={"state_dir": tmp_path, "postgres_port": free_port_block(1)[0]}
     )
-    dsn = settings.airflow_database_url.replace("+psycopg2", "")
+    dsn = settings.postgres_url
     service = services.postgres(settings)
     service.start(settings.start_timeout)
     try:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from cairn_stack.services import postgres_bin
 from cairn_stack.settings import StackSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,3 +222,17 @@ def test_env_example_defines_exactly_the_compose_variables(text):
     assert example.keys() == referenced
     for var, value in example.items():
         assert value == str(DEFAULTS[var.removeprefix("CAIRN_").lower()]), var
+
+
+def test_postgres_is_the_local_stacks_major_version_and_login(services):
+    version = subprocess.run(
+        [postgres_bin() / "postgres", "--version"], capture_output=True, text=True, check=True
+    ).stdout  # "postgres (PostgreSQL) 16.2"
+    major = re.search(r"\) (\d+)\.", version).group(1)
+    postgres = services["postgres"]
+    assert postgres["image"] == f"postgres:{major}"
+    pg = env(postgres)
+    login = (pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], pg["POSTGRES_DB"])
+    assert login == (DEFAULTS["postgres_user"], DEFAULTS["postgres_password"], "airflow")
+    url = env(services["airflow-scheduler"])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert url == "postgresql+psycopg2://{}:{}@postgres/{}".format(*login)
