@@ -301,8 +301,8 @@ def postgres(settings: StackSettings) -> Service:
 
 
 def postgres_bin() -> Path:
-    """PostgreSQL's programs in the `pgserver` wheel (found, not imported: its package
-    sets up a server of its own on import)."""
+    """PostgreSQL's programs in the `pgserver` wheel, located without importing the package:
+    its own server manager (which, as root, adds a system user) is not used."""
     return (
         Path(importlib.util.find_spec("pgserver").submodule_search_locations[0]) / "pginstall/bin"
     )
