@@ -10,28 +10,11 @@ from cairn.clean import clean, stale_files
 from cairn.layout import backup_key, partitioned_key, quarantine_key
 from cairn.manifest import Manifest, save
 from cairn.storage import Storage
-from cairn.tokens import Token
+from tests.unit.conftest import make_token
 
 NOW = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = "dt=2024-05-01/hr=00"
 DAY = date(2024, 5, 1)
-
-
-@pytest.fixture
-def storage(tmp_path) -> Storage:
-    return Storage(f"file://{tmp_path}/archive")
-
-
-def token(next_offsets: dict[int, int]) -> Token:
-    return Token(
-        seq=2,
-        topic="orders",
-        generation=1,
-        next_offsets=next_offsets,
-        run_id="run",
-        created_at=NOW,
-        planned_at=NOW,
-    )
 
 
 def write_all(storage: Storage, keys: list[str]) -> list[str]:
@@ -93,18 +76,19 @@ def archive(storage):
 def test_stale_files_are_exactly_those_at_or_after_the_position(storage, archive):
     _, uncommitted, _ = archive
 
-    assert sorted(stale_files(storage, "orders", token({0: 100, 1: 50}))) == sorted(uncommitted)
+    newest = make_token(2, {0: 100, 1: 50})
+    assert sorted(stale_files(storage, "orders", newest)) == sorted(uncommitted)
 
 
 def test_clean_deletes_uncommitted_output_and_keeps_everything_else(storage, archive):
     committed, uncommitted, foreign = archive
 
-    deleted = clean(storage, "orders", token({0: 100, 1: 50}))
+    deleted = clean(storage, "orders", make_token(2, {0: 100, 1: 50}))
 
     assert sorted(deleted) == sorted(uncommitted)
     assert all(storage.exists(k) for k in committed + foreign)
     assert not any(storage.exists(k) for k in uncommitted)
-    assert clean(storage, "orders", token({0: 100, 1: 50})) == []
+    assert clean(storage, "orders", make_token(2, {0: 100, 1: 50})) == []
 
 
 def test_without_a_token_every_data_file_of_the_topic_is_stale(storage, archive):
@@ -125,7 +109,7 @@ def test_clean_after_a_rewind_removes_the_rewound_run_only(storage):
     manifest2 = save_manifest(storage, "run-2", {0: (50, 100)})
 
     # token 2 ({0: 100}) was deleted by a rewind; token 1 ({0: 50}) is the newest again
-    deleted = clean(storage, "orders", token({0: 50}))
+    deleted = clean(storage, "orders", make_token(2, {0: 50}))
 
     assert sorted(deleted) == sorted(run2)
     assert all(storage.exists(k) for k in [*run1, manifest1, manifest2])

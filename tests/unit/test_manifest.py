@@ -25,11 +25,6 @@ FOLDER = "dt=2024-05-01/hr=00"
 DAY = date(2024, 5, 1)
 
 
-@pytest.fixture
-def storage(tmp_path) -> Storage:
-    return Storage(f"file://{tmp_path}/archive")
-
-
 def put(storage: Storage, key: str, kind: str, first: int, last: int, records: int) -> FileEntry:
     data = f"{key}:{records}".encode()
     storage.write(key, data)

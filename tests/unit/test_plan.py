@@ -18,21 +18,10 @@ from cairn.plan import (
     lag,
     plan,
 )
-from cairn.tokens import Gap, Token
+from cairn.tokens import Gap
+from tests.unit.conftest import make_token
 
 NOW = datetime(2024, 5, 1, tzinfo=UTC)
-
-
-def token(next_offsets: dict[int, int]) -> Token:
-    return Token(
-        seq=3,
-        topic="orders",
-        generation=1,
-        next_offsets=next_offsets,
-        run_id="run",
-        created_at=NOW,
-        planned_at=NOW,
-    )
 
 
 def wm(**partitions: tuple[int, int]) -> dict[int, Watermarks]:
@@ -60,7 +49,7 @@ def test_first_run_from_latest_reads_nothing_but_records_the_position():
 
 
 def test_cap_bounds_each_partition_and_flags_more_waiting():
-    p = make(token({0: 10, 1: 0}), wm(p0=(0, 1000), p1=(0, 40)), cap=100)
+    p = make(make_token(3, {0: 10, 1: 0}), wm(p0=(0, 1000), p1=(0, 40)), cap=100)
 
     assert p.ranges == {0: (10, 110), 1: (0, 40)}
     assert p.capped
@@ -68,13 +57,13 @@ def test_cap_bounds_each_partition_and_flags_more_waiting():
 
 
 def test_range_ending_exactly_at_the_cap_is_not_capped():
-    p = make(token({0: 10}), wm(p0=(0, 110)), cap=100)
+    p = make(make_token(3, {0: 10}), wm(p0=(0, 110)), cap=100)
 
     assert p.ranges == {0: (10, 110)} and not p.capped
 
 
 def test_nothing_new_is_an_empty_plan_keeping_the_position():
-    p = make(token({0: 50, 1: 7}), wm(p0=(0, 50), p1=(7, 7)))
+    p = make(make_token(3, {0: 50, 1: 7}), wm(p0=(0, 50), p1=(7, 7)))
 
     assert p.empty and not p.capped
     assert p.next_offsets == {0: 50, 1: 7}
@@ -84,7 +73,7 @@ def test_nothing_new_is_an_empty_plan_keeping_the_position():
 
 @pytest.mark.parametrize(("start", "expected"), [("earliest", (0, 7)), ("latest", (7, 7))])
 def test_partition_added_after_the_token_follows_the_policy(start, expected):
-    p = make(token({0: 10}), wm(p0=(0, 10), p1=(0, 7)), start=start)
+    p = make(make_token(3, {0: 10}), wm(p0=(0, 10), p1=(0, 7)), start=start)
 
     assert p.ranges[1] == expected
     assert p.ranges[0] == (10, 10)
@@ -94,11 +83,11 @@ def test_retention_gap_is_raised_naming_topic_partition_and_range():
     with pytest.raises(
         RetentionGap, match=r"'orders' partition 1: offsets \[10, 25\) were deleted"
     ):
-        make(token({0: 0, 1: 10}), wm(p0=(0, 5), p1=(25, 40)))
+        make(make_token(3, {0: 0, 1: 10}), wm(p0=(0, 5), p1=(25, 40)))
 
 
 def test_accepted_retention_gap_skips_to_low_and_is_recorded():
-    p = make(token({0: 0, 1: 10}), wm(p0=(0, 5), p1=(25, 40)), accept_gaps=True)
+    p = make(make_token(3, {0: 0, 1: 10}), wm(p0=(0, 5), p1=(25, 40)), accept_gaps=True)
 
     assert p.ranges == {0: (0, 5), 1: (25, 40)}
     assert p.gaps == [Gap(partition=1, from_offset=10, to_offset=25)]
@@ -106,16 +95,16 @@ def test_accepted_retention_gap_skips_to_low_and_is_recorded():
 
 def test_new_partition_that_already_lost_records_is_a_gap():
     with pytest.raises(RetentionGap, match=r"partition 1: offsets \[0, 3\)"):
-        make(token({0: 10}), wm(p0=(0, 10), p1=(3, 9)))
+        make(make_token(3, {0: 10}), wm(p0=(0, 10), p1=(3, 9)))
 
-    p = make(token({0: 10}), wm(p0=(0, 10), p1=(3, 9)), accept_gaps=True)
+    p = make(make_token(3, {0: 10}), wm(p0=(0, 10), p1=(3, 9)), accept_gaps=True)
     assert p.ranges[1] == (3, 9)
     assert p.gaps == [Gap(partition=1, from_offset=0, to_offset=3)]
 
 
 def test_token_ahead_of_kafka_explains_recreated_topic():
     with pytest.raises(OffsetAheadOfKafka) as err:
-        make(token({0: 500}), wm(p0=(0, 100)))
+        make(make_token(3, {0: 500}), wm(p0=(0, 100)))
 
     message = str(err.value)
     assert "'orders' partition 0" in message and "500" in message and "100" in message
@@ -124,7 +113,7 @@ def test_token_ahead_of_kafka_explains_recreated_topic():
 
 def test_partition_that_vanished_from_kafka_is_an_error():
     with pytest.raises(PartitionVanished, match=r"partitions \[1\]"):
-        make(token({0: 1, 1: 1}), wm(p0=(0, 5)))
+        make(make_token(3, {0: 1, 1: 1}), wm(p0=(0, 5)))
 
 
 def test_cap_must_be_positive():
@@ -133,13 +122,13 @@ def test_cap_must_be_positive():
 
 
 def test_plan_survives_a_json_round_trip_between_tasks():
-    p = make(token({0: 10}), wm(p0=(0, 500), p1=(3, 9)), cap=100, accept_gaps=True)
+    p = make(make_token(3, {0: 10}), wm(p0=(0, 500), p1=(3, 9)), cap=100, accept_gaps=True)
 
     assert Plan.model_validate_json(p.model_dump_json()) == p
 
 
 def test_spark_offsets_name_only_partitions_with_records():
-    p = make(token({0: 10, 1: 7, 2: 0}), wm(p0=(0, 20), p1=(0, 7), p2=(0, 3)))
+    p = make(make_token(3, {0: 10, 1: 7, 2: 0}), wm(p0=(0, 20), p1=(0, 7), p2=(0, 3)))
 
     starting, ending = kafka_json_offsets("orders", p)
     assert json.loads(starting) == {"orders": {"0": 10, "2": 0}}

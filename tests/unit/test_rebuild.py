@@ -43,11 +43,6 @@ D1, D2, D3, D4 = (date(2024, 6, d) for d in (1, 2, 3, 4))
 LATE = date(2019, 4, 2)
 
 
-@pytest.fixture
-def storage(tmp_path) -> Storage:
-    return Storage(f"file://{tmp_path}/archive")
-
-
 def config(tmp_path, **extra) -> TopicConfig:
     entry = {
         "topic": TOPIC,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -12,26 +12,7 @@ from cairn import tokens
 from cairn.layout import token_key
 from cairn.storage import Storage
 from cairn.tokens import CommitConflict, CorruptToken, RewindRefused, Token
-
-T0 = datetime(2024, 5, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def storage(tmp_path) -> Storage:
-    return Storage(f"file://{tmp_path}/archive")
-
-
-def make_token(seq: int, next_offsets: dict[int, int], previous=None, run_id="run") -> Token:
-    return Token(
-        seq=seq,
-        topic="orders",
-        generation=1,
-        next_offsets=next_offsets,
-        previous_offsets=previous or {},
-        run_id=run_id,
-        created_at=T0 + timedelta(hours=seq),
-        planned_at=T0 + timedelta(hours=seq),
-    )
+from tests.unit.conftest import T0, make_token
 
 
 def commit_chain(storage: Storage, *positions: dict[int, int]) -> list[Token]:

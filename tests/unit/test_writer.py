@@ -34,11 +34,6 @@ HEADERS = [("trace", b"\x00\xff"), ("../h", None)]
 BIG = "x" * (5 * 1024 * 1024)
 
 
-@pytest.fixture
-def storage(tmp_path) -> Storage:
-    return Storage(f"file://{tmp_path}/archive")
-
-
 def config(tmp_path, fmt: str = "json", **extra) -> TopicConfig:
     entry = {"topic": TOPIC, "format": fmt, "generation": GEN, **extra}
     if fmt == "json":
