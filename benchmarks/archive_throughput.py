@@ -69,6 +69,54 @@ class BenchError(RuntimeError):
 
 
 @dataclass
+class JobRun:
+    """What every benchmark reports beside its own numbers: the Spark job's peak memory, and
+    where, when and how it ran."""
+
+    peak_rss_total_mb: float
+    peak_rss_jvm_mb: float
+    peak_rss_python_driver_mb: float
+    peak_rss_python_workers_mb: float
+    driver_memory: str
+    machine: str
+    date: str
+    commit: str
+    load_average: tuple[float, float]
+    """1-minute load before and after the Spark job: above ~2 on 2 cores, others competed."""
+    command: str
+    spark_command: str
+    notes: list[str]
+
+    @classmethod
+    def finished(
+        cls,
+        peaks: Peaks,
+        args: argparse.Namespace,
+        commit: str,
+        load: list[float],
+        spark_command: str,
+        notes: list[str],
+    ) -> JobRun:
+        """The record of a job that just finished, `commit` and `load` taken around it."""
+        mb = {role: round(rss / 2**20) for role, rss in peaks.roles.items()}
+        script = f"benchmarks/{Path(sys.argv[0]).name}"
+        return cls(
+            peak_rss_total_mb=round(peaks.total / 2**20),
+            peak_rss_jvm_mb=mb["jvm"],
+            peak_rss_python_driver_mb=mb["python driver"],
+            peak_rss_python_workers_mb=mb["python workers"],
+            driver_memory=args.driver_memory,
+            machine=machine(),
+            date=datetime.now(UTC).isoformat(timespec="seconds"),
+            commit=commit,
+            load_average=(round(load[0], 2), round(load[1], 2)),
+            command=shlex.join([".venv/bin/python", script, *sys.argv[1:]]),
+            spark_command=spark_command,
+            notes=notes,
+        )
+
+
+@dataclass
 class Result:
     records: int
     partitions: int
@@ -79,10 +127,6 @@ class Result:
     spark_seconds: float
     records_per_second: float
     mb_per_second: float
-    peak_rss_total_mb: float
-    peak_rss_jvm_mb: float
-    peak_rss_python_driver_mb: float
-    peak_rss_python_workers_mb: float
     peak_processes: int
     files: dict[str, int]
     output_bytes: int
@@ -90,16 +134,8 @@ class Result:
     plan_clean_seconds: float
     verify_seconds: float
     commit_seconds: float
-    driver_memory: str
     spread_hours: int
-    machine: str
-    date: str
-    commit: str
-    load_average: tuple[float, float]
-    """1-minute load before and after the Spark job: above ~2 on 2 cores, others competed."""
-    command: str
-    spark_command: str = ""
-    notes: list[str] = field(default_factory=list)
+    job: JobRun
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -390,10 +426,6 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         spark_seconds=round(spark_s, 2),
         records_per_second=round(args.records / spark_s),
         mb_per_second=round(value_bytes / spark_s / 1e6, 3),
-        peak_rss_total_mb=round(peaks.total / 2**20),
-        peak_rss_jvm_mb=round(peaks.roles["jvm"] / 2**20),
-        peak_rss_python_driver_mb=round(peaks.roles["python driver"] / 2**20),
-        peak_rss_python_workers_mb=round(peaks.roles["python workers"] / 2**20),
         peak_processes=peaks.processes,
         files=files,
         output_bytes=c.bytes,
@@ -401,15 +433,15 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         plan_clean_seconds=round(plan_clean_s, 2),
         verify_seconds=round(verify_s, 2),
         commit_seconds=round(commit_s, 2),
-        driver_memory=args.driver_memory,
         spread_hours=args.spread_hours,
-        machine=machine(),
-        date=datetime.now(UTC).isoformat(timespec="seconds"),
-        commit=commit,
-        load_average=(round(load[0], 2), round(load[1], 2)),
-        command=shlex.join([".venv/bin/python", "benchmarks/archive_throughput.py", *sys.argv[1:]]),
-        spark_command=f"CAIRN_BOOTSTRAP_SERVERS={bootstrap} " + " ".join(shown),
-        notes=notes,
+        job=JobRun.finished(
+            peaks,
+            args,
+            commit,
+            load,
+            f"CAIRN_BOOTSTRAP_SERVERS={bootstrap} " + " ".join(shown),
+            notes,
+        ),
     )
 
 
@@ -486,21 +518,21 @@ def print_result(r: Result) -> None:
         ("Spark job wall", f"{r.spark_seconds:.1f} s (spark-submit to exit, local[2])"),
         ("throughput", f"{r.records_per_second:,} records/s, {r.mb_per_second:.2f} MB/s"),
         ("Spark tasks", f"{tasks} s (in finishing order)"),
-        ("peak RSS total", f"{r.peak_rss_total_mb:,} MB ({r.peak_processes} processes)"),
-        ("peak RSS JVM", f"{r.peak_rss_jvm_mb:,} MB (driver memory {r.driver_memory})"),
+        ("peak RSS total", f"{r.job.peak_rss_total_mb:,} MB ({r.peak_processes} processes)"),
+        ("peak RSS JVM", f"{r.job.peak_rss_jvm_mb:,} MB (driver memory {r.job.driver_memory})"),
         (
             "peak RSS Python",
-            f"{r.peak_rss_python_driver_mb:,} MB driver (archive.py), "
-            f"{r.peak_rss_python_workers_mb:,} MB workers (pyspark daemon + workers)",
+            f"{r.job.peak_rss_python_driver_mb:,} MB driver (archive.py), "
+            f"{r.job.peak_rss_python_workers_mb:,} MB workers (pyspark daemon + workers)",
         ),
         ("files written", f"{r.files['total']:,}: {files}"),
         ("output bytes", f"{r.output_bytes:,}"),
         ("verify, commit", f"{r.verify_seconds:.1f} s, {r.commit_seconds:.1f} s"),
     ]
-    print_rows("Cairn archive throughput", rows, r)
+    print_rows("Cairn archive throughput", rows, r.job)
 
 
-def print_rows(title: str, rows: list[tuple[str, str]], r) -> None:
+def print_rows(title: str, rows: list[tuple[str, str]], r: JobRun) -> None:
     """A result block: the benchmark's rows, then where and when it ran, and its notes."""
     rows = [
         *rows,
@@ -554,7 +586,7 @@ def run_benchmark(benchmark_fn, print_fn, args: argparse.Namespace, prefix: str)
         print(json.dumps(asdict(result), indent=2))
     else:
         print_fn(result)
-        print(f"spark-submit: {result.spark_command}")
+        print(f"spark-submit: {result.job.spark_command}")
     return 0
 
 

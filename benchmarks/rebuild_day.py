@@ -26,7 +26,7 @@ import shlex
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -34,11 +34,11 @@ import fastavro
 from archive_throughput import (
     VENV_BIN,
     BenchError,
+    JobRun,
     console,
     delete_topic,
     event_lines,
     git_commit,
-    machine,
     print_rows,
     private_kafka,
     produce,
@@ -78,10 +78,6 @@ class Result:
     """Records of the day written per second of the Spark rebuild job's wall time."""
     backup_records_per_second: float
     """Backup records re-parsed per second of the Spark rebuild job's wall time."""
-    peak_rss_total_mb: float
-    peak_rss_jvm_mb: float
-    peak_rss_python_driver_mb: float
-    peak_rss_python_workers_mb: float
     files_written: int
     files_removed: int
     files_in_day_before: int
@@ -89,14 +85,7 @@ class Result:
     archive_seconds: float
     """All archive runs (produce + plan/clean/Spark/verify/commit) of the history."""
     archive_runs: int
-    driver_memory: str
-    machine: str
-    date: str
-    commit: str
-    load_average: tuple[float, float]
-    command: str
-    spark_command: str = ""
-    notes: list[str] = field(default_factory=list)
+    job: JobRun
 
 
 # --- the history -----------------------------------------------------------------------------
@@ -313,24 +302,13 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         spark_seconds=round(spark_s, 2),
         records_per_second=round(in_day / spark_s),
         backup_records_per_second=round(read_records / spark_s),
-        peak_rss_total_mb=round(peaks.total / 2**20),
-        peak_rss_jvm_mb=round(peaks.roles["jvm"] / 2**20),
-        peak_rss_python_driver_mb=round(peaks.roles["python driver"] / 2**20),
-        peak_rss_python_workers_mb=round(peaks.roles["python workers"] / 2**20),
         files_written=len(rebuilt.files),
         files_removed=removed[0],
         files_in_day_before=len(before),
         check_seconds=round(check_s, 1),
         archive_seconds=round(archive_s, 1),
         archive_runs=runs,
-        driver_memory=args.driver_memory,
-        machine=machine(),
-        date=datetime.now(UTC).isoformat(timespec="seconds"),
-        commit=commit,
-        load_average=(round(load[0], 2), round(load[1], 2)),
-        command=shlex.join([".venv/bin/python", "benchmarks/rebuild_day.py", *sys.argv[1:]]),
-        spark_command=" ".join(shown),
-        notes=notes,
+        job=JobRun.finished(peaks, args, commit, load, " ".join(shown), notes),
     )
 
 
@@ -350,12 +328,12 @@ def print_result(r: Result) -> None:
             f"{r.records_per_second:,} day records/s, "
             f"{r.backup_records_per_second:,} backup records re-parsed/s",
         ),
-        ("peak RSS total", f"{r.peak_rss_total_mb:,} MB"),
-        ("peak RSS JVM", f"{r.peak_rss_jvm_mb:,} MB (driver memory {r.driver_memory})"),
+        ("peak RSS total", f"{r.job.peak_rss_total_mb:,} MB"),
+        ("peak RSS JVM", f"{r.job.peak_rss_jvm_mb:,} MB (driver memory {r.job.driver_memory})"),
         (
             "peak RSS Python",
-            f"{r.peak_rss_python_driver_mb:,} MB driver (rebuild.py), "
-            f"{r.peak_rss_python_workers_mb:,} MB workers",
+            f"{r.job.peak_rss_python_driver_mb:,} MB driver (rebuild.py), "
+            f"{r.job.peak_rss_python_workers_mb:,} MB workers",
         ),
         (
             "files",
@@ -364,7 +342,7 @@ def print_result(r: Result) -> None:
         ),
         ("history archive", f"{r.archive_seconds:.0f} s for {r.archive_runs} runs (not above)"),
     ]
-    print_rows("Cairn rebuild of one day", rows, r)
+    print_rows("Cairn rebuild of one day", rows, r.job)
 
 
 def parse_args() -> argparse.Namespace:
