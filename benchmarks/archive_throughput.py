@@ -553,16 +553,21 @@ def print_rows(title: str, rows: list[tuple[str, str]], r: JobRun) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--payloads", type=int, default=10_000, help="distinct events")
     parser.add_argument("--spread-hours", type=int, default=48, help="event-time spread")
+    add_common_options(parser)
+    return parser.parse_args()
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Options every benchmark takes: the topic's shape, the Spark job, Kafka, the output."""
+    parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--driver-memory", default="1g")
     parser.add_argument("--bootstrap-servers", help="use this Kafka instead of a private one")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the Spark job")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per Spark job")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    return parser.parse_args()
 
 
 def run_benchmark(benchmark_fn, print_fn, args: argparse.Namespace, prefix: str) -> int:

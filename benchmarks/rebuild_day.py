@@ -35,6 +35,7 @@ from archive_throughput import (
     VENV_BIN,
     BenchError,
     JobRun,
+    add_common_options,
     console,
     delete_topic,
     event_lines,
@@ -352,14 +353,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--other-records", type=int, default=100_000, help="of each other day")
     parser.add_argument("--late-fraction", type=float, default=0.01, help="from the day before")
     parser.add_argument("--runs-per-day", type=int, default=1, help="archive runs per day")
-    parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--payloads", type=int, default=10_000, help="distinct events per day")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--driver-memory", default="1g")
-    parser.add_argument("--bootstrap-servers", help="use this Kafka instead of a private one")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds per Spark job")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_common_options(parser)
     return parser.parse_args()
 
 
