@@ -17,7 +17,13 @@ from airflow.sdk import DAG, get_current_context, task
 from cairn import run
 from cairn.config import TopicConfig, dag_safe
 from cairn.manifest import VerifyReport
-from cairn_airflow import CairnSparkOperator, bootstrap_servers, configured_topics, storage
+from cairn_airflow import (
+    CairnSparkOperator,
+    bootstrap_servers,
+    configured_topics,
+    fail_fast,
+    storage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,31 +54,37 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         @task.short_circuit
         def plan() -> dict | bool:
             run_id = get_current_context()["run_id"]
-            planned = run.plan_run(cfg, storage(cfg), bootstrap_servers(), run_id)
-            if planned.plan.empty:
+            with fail_fast():
+                planned = run.plan_run(cfg, storage(cfg), bootstrap_servers(), run_id)
+            if planned is None:
                 log.info("topic %s: nothing new in Kafka; no Spark job, no token", topic)
                 return False
-            log.info("topic %s: reading %s", topic, planned.plan.to_read)
+            log.info("%s: reading %s", planned.claim.label, planned.plan.to_read)
             return planned.model_dump(mode="json")
 
         @task
-        def clean() -> list[str]:
-            return run.clean_run(cfg, storage(cfg))
+        def clean(planned: dict) -> list[str]:
+            with fail_fast():
+                return run.clean_run(
+                    cfg, storage(cfg), run.Planned.model_validate(planned), bootstrap_servers()
+                )
 
         @task
         def verify(planned: dict) -> dict:
-            report = run.verify_run(storage(cfg), run.Planned.model_validate(planned))
+            with fail_fast():
+                report = run.verify_run(storage(cfg), run.Planned.model_validate(planned))
             return report.model_dump(mode="json")
 
         @task
         def commit(planned: dict, report: dict) -> dict:
-            summary = run.commit_run(
-                cfg,
-                storage(cfg),
-                run.Planned.model_validate(planned),
-                VerifyReport.model_validate(report),
-                bootstrap_servers(),
-            )
+            with fail_fast():
+                summary = run.commit_run(
+                    cfg,
+                    storage(cfg),
+                    run.Planned.model_validate(planned),
+                    VerifyReport.model_validate(report),
+                    bootstrap_servers(),
+                )
             log.info("run summary: %s", summary.model_dump_json(indent=2))
             return summary.model_dump(mode="json")
 
@@ -85,7 +97,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         archive = CairnSparkOperator(task_id="archive", job="archive", topic=topic, payload=planned)
         report = verify(planned)
         summary = commit(planned, report)
-        planned >> clean() >> archive >> report
+        clean(planned) >> archive >> report
         more_waiting(summary) >> TriggerDagRunOperator(
             task_id="drain_backlog", trigger_dag_id=dag_id
         )

@@ -1,9 +1,11 @@
-"""One `rebuild__<topic>` DAG per configured JSON topic: re-derive one date from the backup.
+"""One `rebuild__<topic>` DAG per configured JSON topic: re-derive dates from the backup.
 
-Each run re-derives `partitioned/<topic>/dt=<its date>/` and that date's quarantine from the
-verbatim backup with today's parser, schema and generation. Daily data intervals, no catchup:
-rebuild a date range by creating a backfill (`airflow backfill create --dag-id rebuild__<topic>
---from-date … --to-date …`, or the UI) or by clearing existing runs' tasks.
+A run re-derives the records filed under its dates (`partitioned/<topic>/dt=<date>/` and that
+date's quarantine) from the verbatim backup with today's parser, schema and generation. It runs
+only when a person asks: by a backfill (`airflow backfill create --dag-id rebuild__<topic>
+--from-date … --to-date …`, or the UI), by clearing earlier runs, or by a trigger whose
+`from_date`/`to_date` params name a range to rebuild as one operation. The daily timetable exists
+so that backfills have dates; the runs it would schedule by itself do nothing.
 """
 
 from __future__ import annotations
@@ -15,25 +17,36 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_conte
 
 from cairn import rebuild
 from cairn.config import TopicConfig, dag_safe
-from cairn_airflow import CairnSparkOperator, configured_topics, storage
+from cairn_airflow import CairnSparkOperator, configured_topics, fail_fast, storage
 
 log = logging.getLogger(__name__)
+
+
+def rebuild_dates(day: date, params: dict) -> list[date]:
+    """The run's own date, or the range its params name (both ends included)."""
+    first, last = params.get("from_date") or None, params.get("to_date") or None
+    if first is None and last is None:
+        return [day]
+    start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
+    if end < start:
+        raise ValueError(f"to_date {end} is before from_date {start}")
+    return [start + timedelta(days=i) for i in range((end - start).days + 1)]
 
 
 def rebuild_dag(cfg: TopicConfig) -> DAG:
     topic = cfg.topic
     with DAG(
         dag_id=f"rebuild__{dag_safe(topic)}",
-        description=f"Re-derive one date of {topic}'s parsed output from the backup",
+        description=f"Re-derive dates of {topic}'s parsed output from the backup",
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone=cfg.timezone),
         start_date=datetime(2000, 1, 1),
         catchup=False,
-        max_active_runs=1,  # two rebuilds of one date must not delete each other's files
+        max_active_runs=1,
         default_args={"owner": "cairn", "retries": 2, "retry_delay": timedelta(minutes=1)},
         tags=["cairn", "rebuild"],
         params={
-            "margin_hours": Param(24, type="integer", minimum=0),
-            "also_from": Param([], type="array", description="other dates records moved from"),
+            "from_date": Param("", type="string", description="first date of a range (optional)"),
+            "to_date": Param("", type="string", description="last date of a range (optional)"),
         },
         doc_md=__doc__,
     ) as dag:
@@ -41,30 +54,28 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
         @task.short_circuit
         def select() -> dict | bool:
             context = get_current_context()
-            day = context["data_interval_start"].in_timezone(cfg.timezone).date()
-            params = context["params"]
-            chosen = rebuild.select(
-                storage(cfg),
-                cfg,
-                day,
-                timedelta(hours=params["margin_hours"]),
-                [date.fromisoformat(d) for d in params["also_from"]],
-            )
-            if chosen is None:
-                log.info("topic %s was never archived: nothing to rebuild", topic)
+            if context["dag_run"].run_type == "scheduled":
+                log.info("rebuilds run only when asked (backfill, clear or trigger): skipped")
                 return False
-            log.info("rebuilding %s %s from %d backup files", topic, day, len(chosen.sources))
+            day = context["data_interval_start"].in_timezone(cfg.timezone).date()
+            dates = rebuild_dates(day, context["params"])
+            with fail_fast():
+                chosen = rebuild.select(storage(cfg), cfg, dates, context["run_id"])
+            if chosen is None:
+                log.info("topic %s has nothing filed under %s: nothing to rebuild", topic, dates)
+                return False
+            log.info("%s: %d backup files", chosen.claim.label, len(chosen.sources))
             return chosen.model_dump(mode="json")
 
         @task
-        def report() -> dict:
-            day = get_current_context()["data_interval_start"].in_timezone(cfg.timezone).date()
-            done = rebuild.newest_rebuild(storage(cfg), topic, day)
+        def report(chosen: dict) -> dict:
+            seq = chosen["claim"]["seq"]
+            done = rebuild.read_rebuild(storage(cfg), topic, seq)
             return done.model_dump(mode="json", exclude={"files"}) | {"files": len(done.files)}
 
         chosen = select()
         spark = CairnSparkOperator(task_id="rebuild", job="rebuild", topic=topic, payload=chosen)
-        chosen >> spark >> report()
+        spark >> report(chosen)
     return dag
 
 

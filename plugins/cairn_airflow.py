@@ -6,17 +6,26 @@ is turned into plain values here, and all rules stay in the `cairn` package.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook, Variable
+from airflow.sdk.exceptions import AirflowFailException
 
+from cairn import fence
 from cairn.config import REPO, TOPICS_FILE, TopicConfig, find_topic, load_topics, resolve
+from cairn.errors import PermanentError
+from cairn.plan import Plan
 from cairn.storage import OPTIONS_VARIABLE, Storage, s3_options
+
+log = logging.getLogger(__name__)
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
 SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
@@ -57,12 +66,26 @@ def storage(cfg: TopicConfig) -> Storage:
     return Storage(cfg.root.storage_url, **storage_options(cfg))
 
 
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+    """Fail the task without retries on errors a retry would only repeat (`PermanentError`:
+    a fenced-out attempt, a retention gap, a failed verification, a recreated topic)."""
+    try:
+        yield
+    except PermanentError as err:
+        raise AirflowFailException(f"{type(err).__name__}: {err}") from err
+
+
 class CairnSparkOperator(SparkSubmitOperator):
     """Submit one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
 
-    `payload` (templated, usually the upstream task's XCom) reaches the job as `--payload JSON`.
-    Credentials and Kafka's address are resolved when the task runs (never at DAG parse time)
-    and reach the job as environment, not as arguments that show in process listings.
+    `payload` (templated: the upstream task's XCom, a planned run or a rebuild selection) holds
+    the attempt's claim; the job gets only the claim's key and reads the plan from storage, so
+    no plan is too large for a command line. The claim is checked before submitting: a
+    fenced-out attempt fails without retries and starts no Spark work, and so does a run that
+    only records a position. Credentials and Kafka's address are resolved when the task runs
+    (never at DAG parse time) and reach the job as environment, not as arguments that show in
+    process listings.
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "payload")
@@ -79,12 +102,18 @@ class CairnSparkOperator(SparkSubmitOperator):
         self.payload = payload
 
     def execute(self, context: Any) -> None:
+        cfg = find_topic(self.topic)
+        claim = fence.Claim.model_validate(self.payload["claim"])
+        if "plan" in self.payload and Plan.model_validate(self.payload["plan"]).empty:
+            log.info("%s only records a position: no Spark job", claim.label)
+            return
+        with fail_fast():
+            fence.check_live(storage(cfg), claim)
         jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
         if not jars:
             raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")
         self.jars = ",".join(map(str, jars))
-        cfg = find_topic(self.topic)
-        self.application_args = ["--payload", json.dumps(self.payload)]
+        self.application_args = ["--topic", self.topic, "--claim", claim.key]
         self.env_vars = {
             OPTIONS_VARIABLE: json.dumps(storage_options(cfg)),
             "CAIRN_BOOTSTRAP_SERVERS": bootstrap_servers(),

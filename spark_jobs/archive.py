@@ -1,13 +1,15 @@
 """Spark job: read exactly the planned Kafka ranges and archive them in one pass.
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
-in offset order, as Arrow batches; `cairn.writer.write_partition` streams them into backup,
-partitioned and quarantine files; the driver gathers what was written into the attempt manifest.
+in offset order (committed records only), as Arrow batches; `cairn.writer.write_partition`
+streams them into backup, partitioned and quarantine files in the attempt's staging area; the
+driver gathers what was written into the attempt manifest.
 
     CAIRN_BOOTSTRAP_SERVERS=host:9092 spark-submit --jars <spark-sql-kafka jars> \\
-        spark_jobs/archive.py --payload '<Planned JSON from the plan task>'
+        spark_jobs/archive.py --claim _claims/<topic>/archive/<seq>-<k>.json
 
-Storage credentials (fsspec options, JSON) come from CAIRN_STORAGE_OPTIONS.
+The plan arrives by reference (the claim object holds it), so its size is not limited by the
+command line. Storage credentials (fsspec options, JSON) come from CAIRN_STORAGE_OPTIONS.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from datetime import UTC, datetime
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from cairn import manifest
+from cairn import fence, manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.plan import kafka_assign_json, kafka_json_offsets
-from cairn.run import Planned
+from cairn.run import Planned, load_planned
 from cairn.storage import Storage, options_from_env
 from cairn.writer import KafkaRecord, PartitionResult, write_partition
 
@@ -54,15 +56,22 @@ def records(batches: Iterator[pa.RecordBatch]) -> Iterator[KafkaRecord]:
 def archive(
     spark: SparkSession, planned: Planned, cfg: TopicConfig, bootstrap: str, options: dict
 ) -> manifest.Manifest:
-    """Read the planned ranges, write every record, and save the attempt manifest."""
+    """Read the planned ranges, stage every record, and save the attempt manifest.
+
+    Checks the claim first: a fenced-out attempt starts no Spark work. The processing time is
+    the plan's, so a retried or duplicated job of the same attempt writes the same bytes.
+    """
+    storage = Storage(cfg.root.storage_url, **options)
+    fence.check_live(storage, planned.claim)
     for key, value in ARROW_CONF.items():
         spark.conf.set(key, value)
-    url = cfg.root.storage_url
-    processing_time = datetime.now(UTC)
+    staged_url = planned.staged(storage).url
+    processing_time, attempt_id = planned.planned_at, planned.attempt_id
     starting, ending = kafka_json_offsets(planned.topic, planned.plan)
     kafka = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
+        .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
         .option("assign", kafka_assign_json(planned.topic, planned.plan))
         .option("startingOffsets", starting)
         .option("endingOffsets", ending)
@@ -72,7 +81,8 @@ def archive(
     )
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        result = write_partition(records(batches), cfg, Storage(url, **options), processing_time)
+        out = Storage(staged_url, **options)
+        result = write_partition(records(batches), cfg, out, processing_time, attempt_id)
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 
     results = [
@@ -91,21 +101,22 @@ def archive(
         created_at=datetime.now(UTC),
         gaps=planned.plan.gaps,
     )
-    manifest.save(Storage(url, **options), attempt)
+    fence.check_live(storage, planned.claim)
+    manifest.save(storage, attempt)
     return attempt
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--payload", required=True, help="the planned run (JSON)")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--claim", required=True, help="key of the claim holding the plan")
     parser.add_argument("--topics-file", default=str(TOPICS_FILE))
     args = parser.parse_args()
-    planned = Planned.model_validate_json(args.payload)
-    cfg = find_topic(planned.topic, args.topics_file)
+    cfg = find_topic(args.topic, args.topics_file)
+    options = options_from_env()
+    planned = load_planned(Storage(cfg.root.storage_url, **options), args.claim)
     spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
-    attempt = archive(
-        spark, planned, cfg, os.environ["CAIRN_BOOTSTRAP_SERVERS"], options_from_env()
-    )
+    attempt = archive(spark, planned, cfg, os.environ["CAIRN_BOOTSTRAP_SERVERS"], options)
     spark.stop()
     read = sum(attempt.records_read.values())
     print(f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}")

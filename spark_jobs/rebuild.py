@@ -1,12 +1,15 @@
-"""Spark job: re-derive one date of parsed output (and its quarantine) from the verbatim backup.
+"""Spark job: re-derive the records filed under some dates from the verbatim backup.
 
-Only adapts Spark to the core: each chosen backup file becomes one Spark task that re-parses it
-with today's parser (`cairn.rebuild.rebuild_source`); once every new file is complete, the
-driver replaces the date's stale files (`cairn.rebuild.finish_rebuild`).
+Only adapts Spark to the core: each backup file the selection names becomes one Spark task that
+re-parses the records it must (`cairn.rebuild.rebuild_source`) into the rebuild's staging area;
+the driver then replaces the dates' files, or refuses and changes nothing
+(`cairn.rebuild.finish_rebuild`).
 
-    spark-submit spark_jobs/rebuild.py --payload '<Selection JSON from the select task>'
+    spark-submit spark_jobs/rebuild.py --topic T --claim _claims/<topic>/rebuild/<seq>-<k>.json
 
-Storage credentials (fsspec options, JSON) come from CAIRN_STORAGE_OPTIONS.
+The selection arrives by reference (the claim object holds it), so a rebuild of many dates is
+not limited by the command line. Storage credentials (fsspec options, JSON) come from
+CAIRN_STORAGE_OPTIONS.
 """
 
 from __future__ import annotations
@@ -15,44 +18,59 @@ import argparse
 
 from pyspark.sql import SparkSession
 
+from cairn import fence, staging
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
-from cairn.rebuild import RebuildResult, Selection, Source, finish_rebuild, rebuild_source
+from cairn.rebuild import (
+    RebuildManifest,
+    RebuildResult,
+    Selection,
+    Source,
+    finish_rebuild,
+    load_selection,
+    rebuild_source,
+)
 from cairn.storage import Storage, options_from_env
 
 
-def rebuild(spark: SparkSession, selection: Selection, cfg: TopicConfig, options: dict) -> list:
-    """Write the date's new files from the chosen backup files, then delete the stale ones."""
-    url, day = cfg.root.storage_url, selection.day
+def rebuild(
+    spark: SparkSession, chosen: Selection, cfg: TopicConfig, options: dict
+) -> RebuildManifest:
+    """Stage the re-derived files from the chosen backup files, then replace the dates' files."""
+    storage = Storage(cfg.root.storage_url, **options)
+    fence.check_live(storage, chosen.claim)
+    url = storage.url
+    staged_url = staging.staged(storage, chosen.snapshot.topic, chosen.claim.attempt_id).url
 
     def one(source: str) -> str:
-        storage = Storage(url, **options)
-        return rebuild_source(
-            Source.model_validate_json(source), cfg, storage, day
-        ).model_dump_json()
+        result = rebuild_source(
+            Source.model_validate_json(source),
+            cfg,
+            Storage(url, **options),
+            Storage(staged_url, **options),
+        )
+        return result.model_dump_json()
 
-    sources = [s.model_dump_json() for s in selection.sources]
-    results = []
-    if sources:
-        tasks = spark.sparkContext.parallelize(sources, len(sources))
-        results = [RebuildResult.model_validate_json(r) for r in tasks.map(one).collect()]
-    new_files = [f for r in results for f in r.files]
-    storage = Storage(url, **options)
-    return finish_rebuild(storage, cfg, selection.snapshot, day, new_files, selection.sources)
+    sources = [s.model_dump_json() for s in chosen.sources]
+    tasks = spark.sparkContext.parallelize(sources, max(1, len(sources)))
+    results = [RebuildResult.model_validate_json(r) for r in tasks.map(one).collect()]
+    return finish_rebuild(storage, cfg, chosen, results)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--payload", required=True, help="the selection (JSON)")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--claim", required=True, help="key of the claim holding the selection")
     parser.add_argument("--topics-file", default=str(TOPICS_FILE))
     args = parser.parse_args()
-    selection = Selection.model_validate_json(args.payload)
-    cfg = find_topic(selection.snapshot.topic, args.topics_file)
+    cfg = find_topic(args.topic, args.topics_file)
+    options = options_from_env()
+    chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
     spark = SparkSession.builder.appName(f"cairn-rebuild-{cfg.topic}").getOrCreate()
-    deleted = rebuild(spark, selection, cfg, options_from_env())
+    done = rebuild(spark, chosen, cfg, options)
     spark.stop()
     print(
-        f"rebuilt {cfg.topic} {selection.day} from {len(selection.sources)} backup files; "
-        f"removed {len(deleted)} stale files"
+        f"rebuilt {cfg.topic} {', '.join(map(str, done.dates))} from {len(done.sources)} backup "
+        f"files: {len(done.files)} files written, {len(done.removed)} removed"
     )
 
 

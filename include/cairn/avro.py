@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -116,10 +117,17 @@ class AvroFileWriter:
         schema: dict[str, Any],
         codec: str = "deflate",
         sync_interval: int = SYNC_INTERVAL,
+        metadata: dict[str, str] | None = None,
+        name: str = "",
     ) -> None:
+        """`metadata` goes into the file header; `name` (the file's key) seeds the sync marker,
+        so the same records written twice give byte-identical files."""
         if not codec_available(codec):
             raise ValueError(f"Avro codec {codec!r} is unknown or its library is not installed")
-        self._writer = Writer(fileobj, schema, codec, sync_interval)
+        sync = hashlib.blake2b(name.encode(), digest_size=16).digest()
+        self._writer = Writer(
+            fileobj, schema, codec, sync_interval, metadata=metadata or {}, sync_marker=sync
+        )
         self._closed = False
         self.stats = FileStats()
 
@@ -144,6 +152,12 @@ class AvroFileWriter:
         if not self._closed:
             self._writer.flush()
             self._closed = True
+
+
+def read_metadata(head: bytes) -> dict[str, str]:
+    """The user metadata in an Avro file's header, from the file's first bytes."""
+    reader = fastavro.reader(io.BytesIO(head))
+    return {k: v for k, v in reader.metadata.items() if not k.startswith("avro.")}
 
 
 def _widen(low: int | None, high: int | None, value: int) -> tuple[int, int]:

@@ -49,12 +49,13 @@ def rewind(cfg: TopicConfig, args: argparse.Namespace) -> int:
         raise SystemExit(
             "rewind needs Kafka: pass --bootstrap-servers or set CAIRN_BOOTSTRAP_SERVERS"
         )
-    low = {p: w.low for p, w in kafka_meta.fetch_watermarks(servers, cfg.topic).items()}
+    state = kafka_meta.fetch_topic(servers, cfg.topic)
     try:
         deleted = tokens.rewind(
             storage_for(cfg),
             cfg.topic,
-            low_watermarks=low,
+            low_watermarks={p: w.low for p, w in state.watermarks.items()},
+            compacted=state.compacted,
             count=args.count,
             to_seq=args.to_seq,
             before=datetime.fromisoformat(args.before) if args.before else None,

@@ -1,12 +1,24 @@
-"""Kafka metadata for planning: a topic's partitions and their watermarks."""
+"""Kafka metadata for planning: a topic's identity, partitions, watermarks and cleanup policy."""
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from cairn.plan import Watermarks
+
+
+class TopicState(NamedTuple):
+    """What planning needs to know of a topic now."""
+
+    topic_id: str
+    """Kafka's id: a topic deleted and recreated under the same name gets a new one."""
+    watermarks: dict[int, Watermarks]
+    compacted: bool
+    """`cleanup.policy` includes `compact`: records below the high watermark may vanish."""
 
 
 class TopicNotFound(Exception):
@@ -59,6 +71,29 @@ def fetch_watermarks(
         consumer.close()
 
 
+def fetch_topic(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> TopicState:
+    """The topic's id, watermarks and cleanup policy."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        (described,) = admin.describe_topics(
+            TopicCollection([topic]), request_timeout=timeout
+        ).values()
+        topic_id = str(described.result(timeout).topic_id)
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        (configs,) = admin.describe_configs([resource], request_timeout=timeout).values()
+        policy = configs.result(timeout)["cleanup.policy"].value or ""
+    except KafkaException as err:
+        if err.args and getattr(err.args[0], "code", lambda: None)() == (
+            KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            raise TopicNotFound(f"topic {topic!r} does not exist on {bootstrap_servers}") from None
+        raise KafkaException(
+            f"cannot describe topic {topic!r} on {bootstrap_servers} within {timeout}s: {err}"
+        ) from err
+    watermarks = fetch_watermarks(bootstrap_servers, topic, timeout)
+    return TopicState(topic_id, watermarks, "compact" in policy.split(","))
+
+
 def timestamps_at(
     bootstrap_servers: str, topic: str, offsets: dict[int, int], timeout: float = 10.0
 ) -> dict[int, int]:
@@ -73,6 +108,7 @@ def timestamps_at(
             "bootstrap.servers": bootstrap_servers,
             "group.id": "cairn-lag",
             "enable.auto.commit": False,
+            "isolation.level": "read_committed",
             "allow.auto.create.topics": False,
             "fetch.max.bytes": 1024 * 1024,
         }

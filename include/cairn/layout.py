@@ -22,7 +22,8 @@ DEFAULT_PATH_FORMAT = "dt=%Y-%m-%d/hr=%H"
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _SAFE_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,200}")
 _FILE_RE = re.compile(r"(\d+)_(\d+)_(\d{20})\.avro")
-_TOKEN_RE = re.compile(r"_tokens/([^/]+)/(\d{12})\.json")
+_LINK_RE = re.compile(r"(\d{12})\.json")
+_CLAIM_RE = re.compile(r"(\d{12})-(\d{6})\.json")
 _HIVE_KEY_RE = re.compile(r"[a-z_][a-z0-9_]*")
 _FORMAT_VALUE_RE = re.compile(r"(?:%[YmdHM]|[A-Za-z0-9_-])+")
 _MAX_OFFSET = 10**20 - 1
@@ -65,27 +66,69 @@ def data_prefixes(topic: str) -> list[str]:
     return [f"{kind}/{check_topic(topic)}/" for kind in DATA_KINDS]
 
 
-def token_key(topic: str, seq: int) -> str:
+Chain = Literal["archive", "rebuild"]
+"""The two histories a topic has: archive runs (tokens) and rebuild operations."""
+
+_CHAIN_DIRS: dict[str, str] = {"archive": "_tokens", "rebuild": "_rebuilds"}
+
+
+def chain_folder(topic: str, chain: Chain) -> str:
+    """Where a chain's links live: `_tokens/<topic>/` or `_rebuilds/<topic>/`."""
+    return f"{_CHAIN_DIRS[chain]}/{check_topic(topic)}/"
+
+
+def chain_key(topic: str, chain: Chain, seq: int) -> str:
+    """Link `seq` of a chain (for archive: token `seq`)."""
     if not 0 <= seq < 10**12:
-        raise ValueError(f"token sequence {seq} out of range")
-    return f"_tokens/{check_topic(topic)}/{seq:012d}.json"
+        raise ValueError(f"sequence number {seq} out of range")
+    return f"{chain_folder(topic, chain)}{seq:012d}.json"
 
 
-def token_seq(key: str) -> int | None:
-    """The sequence number of a token key, or None if `key` is not one."""
-    match = _TOKEN_RE.fullmatch(key)
-    return int(match.group(2)) if match and _is_topic(match.group(1)) else None
+def link_seq(key: str) -> int | None:
+    """The sequence number of a chain link's key, or None if `key` is not one."""
+    match = _LINK_RE.fullmatch(key.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
 
 
-def rebuilds_prefix(topic: str, day: date) -> str:
-    """Where the rebuild manifests of one date live."""
-    return f"_rebuilds/{check_topic(topic)}/{day.isoformat()}/"
+def token_key(topic: str, seq: int) -> str:
+    return chain_key(topic, "archive", seq)
+
+
+def claims_folder(topic: str, chain: Chain) -> str:
+    return f"_claims/{check_topic(topic)}/{chain}/"
+
+
+def claim_key(topic: str, chain: Chain, seq: int, k: int) -> str:
+    """Claim `k` on link `seq`; the claims of one seq sort by `k`, the newest is live."""
+    if not 0 < k < 10**6:
+        raise ValueError(f"claim number {k} out of range")
+    return f"{claims_folder(topic, chain)}{seq:012d}-{k:06d}.json"
+
+
+def claim_numbers(key: str) -> tuple[int, int] | None:
+    """(seq, k) of a claim key, or None if `key` is not one."""
+    match = _CLAIM_RE.fullmatch(key.rsplit("/", 1)[-1])
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def attempts_folder(topic: str) -> str:
+    """Where attempts stage their files until their link commits (never read as data)."""
+    return f"_attempts/{check_topic(topic)}/"
+
+
+def attempt_prefix(topic: str, attempt_id: str) -> str:
+    check_id(attempt_id)
+    return f"{attempts_folder(topic)}{attempt_id}/"
+
+
+def check_id(attempt_id: str) -> str:
+    if not _SAFE_ID_RE.fullmatch(attempt_id) or attempt_id in (".", ".."):
+        raise ValueError(f"unsafe attempt id {attempt_id!r}")
+    return attempt_id
 
 
 def manifest_key(topic: str, attempt_id: str) -> str:
-    if not _SAFE_ID_RE.fullmatch(attempt_id) or attempt_id in (".", ".."):
-        raise ValueError(f"unsafe attempt id {attempt_id!r}")
-    return f"_manifests/{check_topic(topic)}/{attempt_id}.json"
+    return f"_manifests/{check_topic(topic)}/{check_id(attempt_id)}.json"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, Field, NonNegativeInt
 
+from cairn.errors import PermanentError
 from cairn.tokens import Gap, Token
 
 NewPartitionStart = Literal["earliest", "latest"]
@@ -23,7 +24,7 @@ class Watermarks(NamedTuple):
     high: int
 
 
-class PlanError(Exception):
+class PlanError(PermanentError):
     """Kafka and the token disagree in a way Cairn will not resolve on its own."""
 
 
@@ -33,6 +34,10 @@ class RetentionGap(PlanError):
 
 class OffsetAheadOfKafka(PlanError):
     """The token is past Kafka's end: the topic was recreated or the partition truncated."""
+
+
+class TopicRecreated(PlanError):
+    """Kafka's topic of this name is not the one the archive holds (deleted and recreated)."""
 
 
 class PartitionVanished(PlanError):
@@ -72,15 +77,19 @@ def plan(
     cap: int,
     new_partition_start: NewPartitionStart,
     accept_gaps: bool,
+    topic_id: str | None = None,
 ) -> Plan:
     """Read each partition from the token's offset up to the high watermark, at most `cap` records.
 
     Partitions the token does not know start at `new_partition_start`. A partition that appeared
     after the token but already lost records to retention is a gap too: those records were
-    written after the last run and never archived.
+    written after the last run and never archived. `topic_id` is Kafka's id of the topic now;
+    a token that recorded another id belongs to a deleted topic of the same name.
     """
     if cap < 1:
         raise ValueError(f"per-run cap must be positive, got {cap}")
+    if token is not None and token.topic_id and topic_id and token.topic_id != topic_id:
+        raise TopicRecreated(_recreated_message(topic, token, topic_id))
     known = token.next_offsets if token else {}
     vanished = sorted(set(known) - set(partitions))
     if vanished:
@@ -139,6 +148,16 @@ def lag(next_offsets: dict[int, int], watermarks: dict[int, Watermarks]) -> dict
         p: max(0, high - max(low, next_offsets.get(p, low)))
         for p, (low, high) in sorted(watermarks.items())
     }
+
+
+def _recreated_message(topic: str, token: Token, topic_id: str) -> str:
+    return (
+        f"topic {topic!r} was deleted and recreated: the archive's token {token.seq} belongs to "
+        f"the topic with id {token.topic_id}, but Kafka's topic {topic!r} now has id {topic_id}. "
+        "Its offsets name other records, so Cairn will not continue the old archive with it. "
+        "To archive the new topic and keep the old archive as it is, give this topic a new "
+        "archive_root (another prefix) in topics.yaml; its first run starts from the beginning"
+    )
 
 
 def _ahead_message(topic: str, partition: int, start: int, low: int, high: int) -> str:

@@ -1,258 +1,203 @@
-"""Rebuilding one date of parsed output from the verbatim backup, with today's configuration.
+"""Rebuilding dates of parsed output from the verbatim backup, with today's configuration.
 
-A rebuild of day D of topic T, step by step (the rebuild DAG runs these; `rebuild_source` runs on
-Spark executors, one backup file per task):
-1. `take_snapshot`: the committed tokens now. The rebuild works on exactly these runs, so files
-   that archive runs commit meanwhile (late data landing in D) are never touched.
-2. `select_sources`: the backup files that can hold D's records, found from the manifests.
-3. `rebuild_source`: re-parse one backup file; write D's records, skip the others.
-4. `verify_rebuild`, then `finish_rebuild`: the new files are complete; only then are D's stale
-   files deleted (every generation) and the rebuild manifest saved.
+One rebuild operation takes a set of dates R (a rebuild DAG run: its date, or a range) and
+re-derives exactly the records filed under R, in R's partitioned folders and R's quarantine,
+from their backup files. Each record goes where today's configuration files it: usually R again,
+but a fix may move records to other dates (a quarantined record gains an event time, a timezone
+fix crosses midnight), and those dates then hold them. So every record a rebuild removes is
+written again exactly once, whichever dates a fix moves records between; records filed outside
+R stay where they are (rebuild their dates to re-derive them). If any record cannot be accounted
+for, the rebuild refuses and changes nothing.
 
-Each file a rebuild writes holds records of one backup file, i.e. of one committed run, so
-cleanup after a rewind still removes exactly the rewound runs' records (see `cairn.clean`).
+Step by step (the rebuild DAG runs them; `rebuild_source` runs on Spark executors, one task per
+backup file):
+1. `select`: finish publications a crash interrupted; snapshot the newest token (files committed
+   after it are left alone); list R's files below the snapshot; find each file's backup source
+   in its Avro header (`cairn.source`, `cairn.processing_time`); claim the next link of the
+   topic's rebuild chain (`cairn.fence`), storing the selection in the claim.
+2. `rebuild_source`: read the source's files in R to learn which records to re-derive, re-parse
+   exactly those from the backup with the archive attempt's processing time, and stage the new
+   files (`cairn.staging`).
+3. `finish_rebuild`: check that every record was written once and nothing outside the selection
+   would be overwritten; check the claim and that the topic was not rewound; store the
+   publication (new files in, R's old files out), create the rebuild link, publish.
 
-Two windows to know about. Between writing and finishing, a reader can see some of D's records
-twice where names changed (a generation bump, or records that now fall into other folders); a
-failed rebuild leaves that until it is retried. And records that today's parser moves from D to
-another date are in neither until that date is rebuilt too: rebuild every affected date.
+Selection costs a listing of R's folders and one header read per file, however long the
+topic's history is; the selection reaches Spark by reference (the claim object).
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
-from bisect import bisect_right
+from array import array
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, date, datetime, time, timedelta
+from collections.abc import Iterable, Iterator
+from datetime import UTC, date, datetime, time
 from itertools import pairwise, takewhile
 from typing import TYPE_CHECKING, Any
 
 import fastavro
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 
-from cairn import manifest, tokens
-from cairn.layout import (
-    DataFile,
-    check_topic,
-    folder_date,
-    parse_data_key,
-    rebuilds_prefix,
-    token_key,
-)
-from cairn.manifest import FileEntry, Manifest, VerificationFailed
-from cairn.parsing import Parsed
+from cairn import fence, staging, tokens
+from cairn.avro import read_metadata
+from cairn.errors import PermanentError
+from cairn.layout import DataFile, check_topic, folder_date, parse_data_key
+from cairn.manifest import FileEntry, VerificationFailed
 from cairn.storage import Storage
 from cairn.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
 
-_DAY = timedelta(days=1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
+_HEADER_BYTES = 64 * 1024
 
 
-class RebuildRefused(Exception):
-    """Finishing would lose records or touch files outside the snapshot; nothing was deleted."""
+class RebuildRefused(PermanentError):
+    """Finishing would lose or double records, or touch files outside the snapshot."""
 
 
 class Snapshot(BaseModel):
-    """The committed runs a rebuild works on: the newest token and every surviving manifest."""
+    """The newest token when the rebuild started: it works only on files committed below it."""
 
     topic: str
     seq: PositiveInt
     next_offsets: dict[NonNegativeInt, NonNegativeInt]
     created_at: datetime
-    """Of the newest token: with `seq` it tells `finish_rebuild` whether the topic was rewound."""
-    manifests: list[str]
+    """With `seq`, tells `finish_rebuild` whether the topic was rewound meanwhile."""
 
 
 class Source(BaseModel):
-    """One backup file to re-read (JSON-serialisable: it travels to a Spark executor).
+    """One backup file and the files of R holding its records (travels to a Spark executor).
 
     `processing_time` is the one the archive attempt parsed with, so quarantined records and
-    processing-time topics keep their dates when rebuilt. `processing_date` is its date in the
-    topic's timezone.
+    processing-time topics keep their dates when rebuilt.
     """
 
     key: str
     partition: NonNegativeInt
-    first_offset: NonNegativeInt
-    last_offset: NonNegativeInt
     processing_time: datetime
-    processing_date: date
-
-
-class RebuildResult(BaseModel):
-    """What `rebuild_source` read and wrote."""
-
-    records: NonNegativeInt = 0
-    files: list[FileEntry] = Field(default_factory=list)
-    partitioned: NonNegativeInt = 0
-    quarantined: NonNegativeInt = 0
-
-
-class RebuildManifest(BaseModel):
-    """What one finished rebuild of a date read and wrote; the newest per date is what the date
-    holds (up to files archive runs committed after its snapshot)."""
-
-    topic: str
-    day: date
-    attempt_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,100}$")
-    snapshot_seq: PositiveInt
-    generation: PositiveInt
-    sources: list[str]
-    files: list[FileEntry]
-    created_at: datetime
-
-    @property
-    def key(self) -> str:
-        return f"{rebuilds_prefix(self.topic, self.day)}{self.attempt_id}.json"
+    files: list[str]
 
 
 class Selection(BaseModel):
-    """What one rebuild run re-derives (travels from the select task to the Spark job)."""
+    """What one rebuild operation re-derives; stored in its claim."""
 
-    day: date
+    claim: fence.Claim
+    dates: list[date]
     snapshot: Snapshot
     sources: list[Source]
 
 
+class RebuildResult(BaseModel):
+    """What `rebuild_source` re-derived: `records` of the `expected` records of R's files."""
+
+    source: str
+    expected: NonNegativeInt = 0
+    records: NonNegativeInt = 0
+    missing: list[int] = Field(default_factory=list)
+    """Offsets (the first few) in R's files that the backup file does not hold."""
+    files: list[FileEntry] = Field(default_factory=list)
+
+
+class RebuildManifest(BaseModel):
+    """A finished rebuild: link `seq` of the topic's rebuild chain."""
+
+    seq: PositiveInt
+    topic: str
+    attempt_id: str
+    dates: list[date]
+    snapshot_seq: PositiveInt
+    generation: PositiveInt
+    sources: list[str]
+    files: list[FileEntry]
+    removed: list[str]
+    created_at: datetime
+
+
 def select(
-    storage: Storage,
-    cfg: TopicConfig,
-    day: date,
-    margin: timedelta = _DAY,
-    also_from: Iterable[date] = (),
+    storage: Storage, cfg: TopicConfig, dates: Iterable[date], run_id: str
 ) -> Selection | None:
-    """Snapshot the committed tokens and choose the backup files for `day`; None if the topic
-    was never archived."""
-    snap = take_snapshot(storage, cfg.topic)
-    if snap is None:
+    """Claim a rebuild of `dates`; None if there is nothing to re-derive there."""
+    topic = cfg.topic
+    staging.settle(storage, topic)
+    newest = tokens.newest(storage, topic)
+    if newest is None:
         return None
-    sources = select_sources(storage, cfg, snap, day, margin, also_from)
-    return Selection(day=day, snapshot=snap, sources=sources)
-
-
-def take_snapshot(storage: Storage, topic: str) -> Snapshot | None:
-    """The committed tokens now; None if nothing was ever committed."""
-    committed = tokens.list_tokens(storage, topic)
-    if not committed:
+    snap = Snapshot(
+        topic=topic, seq=newest.seq, next_offsets=newest.next_offsets, created_at=newest.created_at
+    )
+    days = sorted(set(dates))
+    files = [
+        f
+        for day in days
+        for f in _day_files(storage, topic, cfg.path_format, day)
+        if f.first_offset < snap.next_offsets.get(f.partition, 0)
+    ]
+    if not files:
         return None
-    newest = committed[-1]
-    return Snapshot(
-        topic=topic,
-        seq=newest.seq,
-        next_offsets=newest.next_offsets,
-        created_at=newest.created_at,
-        manifests=[t.manifest for t in committed if t.manifest],
-    )
+    sources = _sources(storage, topic, files)
+
+    def body(claim: fence.Claim) -> bytes:
+        chosen = Selection(claim=claim, dates=days, snapshot=snap, sources=sources)
+        return chosen.model_dump_json().encode()
+
+    base = fence.newest_link(storage, topic, "rebuild")
+    claim = fence.claim(storage, topic, "rebuild", base, run_id, body)
+    return load_selection(storage, claim.key)
 
 
-def select_sources(
-    storage: Storage,
-    cfg: TopicConfig,
-    snap: Snapshot,
-    day: date,
-    margin: timedelta = _DAY,
-    also_from: Iterable[date] = (),
-) -> list[Source]:
-    """The backup files of the snapshot that can hold records of `day`, from manifests only.
-
-    A backup file is chosen when a manifest files any of its records within `day` ± `margin`
-    (in the topic's timezone): the archive attempt's partitioned files have event times there,
-    or the attempt's processing time is there (quarantine is filed by processing date, and
-    processing-time topics by processing time), or the newest rebuild of a date within the
-    margin wrote its records there (they may have moved since the attempt).
-
-    The margin exists because today's parser may file records elsewhere than the one that
-    archived them: a fix can move them by hours (e.g. a corrected timezone moves events and
-    quarantine across midnight). Its limit: a fix that moves records further (a wrong year,
-    seconds read as milliseconds) needs the dates they move from listed explicitly in
-    `also_from` (each with the same margin); `finish_rebuild` refuses rather than delete
-    records that no chosen source holds.
-    """
-    if margin < timedelta(0):
-        raise ValueError(f"margin must not be negative, not {margin}")
-    dates = [day, *also_from]
-    windows = [_window(d, cfg, margin) for d in dates]
-
-    def filed_within(low: int, high: int) -> bool:
-        return any(high >= start and low < end for start, end in windows)
-
-    sources: list[Source] = []
-    chosen: set[str] = set()
-    for key in snap.manifests:
-        attempt = manifest.load(storage, key)
-        found = _sources(attempt, cfg)
-        sources += found
-        processed = _millis(attempt.processing_time)
-        if filed_within(processed, processed):
-            chosen |= {s.key for s in found}
-        timed = [
-            e
-            for e in attempt.files
-            if e.kind == "partitioned"
-            and e.min_event_time is not None
-            and e.max_event_time is not None
-            and filed_within(e.min_event_time, e.max_event_time)
-        ]
-        chosen |= _holding(found, timed)
-    reach = -(-margin // _DAY)  # whole days, rounded up
-    for nearby in sorted({d + i * _DAY for d in dates for i in range(-reach, reach + 1)}):
-        rebuilt = newest_rebuild(storage, snap.topic, nearby)
-        chosen |= _holding(sources, rebuilt.files if rebuilt else [])
-    return sorted(
-        (s for s in sources if s.key in chosen), key=lambda s: (s.partition, s.first_offset)
-    )
+def load_selection(storage: Storage, claim_key: str) -> Selection:
+    return Selection.model_validate_json(storage.read(claim_key))
 
 
 def rebuild_source(
     source: Source,
     cfg: TopicConfig,
     storage: Storage,
-    day: date,
+    staged: Storage,
     max_open_files: int = DEFAULT_MAX_OPEN_FILES,
 ) -> RebuildResult:
-    """Re-parse one backup file with `cfg` and write the records that belong to `day`.
+    """Re-derive the records of `source` that R's files hold; stage the new files in `staged`.
 
-    Partitioned records go out when their folder's date is `day`; rejected ones to `day`'s
-    quarantine when the archive attempt processed them on `day` (quarantine is filed by
-    processing date). Everything else belongs to another date's rebuild. Parsing uses the
-    attempt's processing time, not the rebuild's, so processing-time topics keep their dates,
-    quarantined records keep their `processing_time`, and rebuilding twice writes the same
-    records. Files are named by their first record's offset with `cfg.generation`, whole or not
-    at all; raw topics have nothing to rebuild.
+    Memory: the offsets to re-derive (8 bytes each, one backup file's worth at most) plus the
+    writer's bounded buffers. Files are named by their first record's offset with
+    `cfg.generation`, so rebuilding twice writes the same names.
     """
-    if cfg.format == "raw":
-        return RebuildResult()
-    records = 0
+    wanted = array("q", sorted(_offsets(storage, source)))
+    result = RebuildResult(source=source.key, expected=len(wanted))
+    found = array("q")
+    processing_date = source.processing_time.astimezone(cfg.tzinfo).date()
     with contextlib.ExitStack() as uploads:  # on error, discards every upload still open
-        files = OutputFiles(storage, cfg.codec, uploads)
-        out = ParsedWriter(
-            cfg, files, source.processing_time, source.processing_date, max_open_files
-        )
+        files = OutputFiles(staged, cfg.codec, uploads)
+        out = ParsedWriter(cfg, files, source.processing_time, processing_date, max_open_files)
+        out.source = source.key
         for verbatim in _backup_records(storage, source, out.topic):
-            records += 1
-            result = out.parse(verbatim)
-            if isinstance(result, Parsed):
-                keep = folder_date(result.folder, cfg.path_format) == day
-            else:
-                keep = source.processing_date == day
-            if keep:
-                out.write(verbatim, result)
+            offset = verbatim["offset"]
+            i = bisect_left(wanted, offset)
+            if i < len(wanted) and wanted[i] == offset:
+                out.write(verbatim, out.parse(verbatim))
+                found.append(offset)
         out.close()
-    return RebuildResult(
-        records=records,
-        files=files.files,
-        partitioned=sum(e.records for e in files.files if e.kind == "partitioned"),
-        quarantined=sum(e.records for e in files.files if e.kind == "quarantine"),
-    )
+    result.records = len(found)
+    result.missing = _missing(wanted, found)
+    result.files = files.files
+    return result
 
 
-def verify_rebuild(storage: Storage, new_files: list[FileEntry]) -> None:
+def _missing(wanted: array, found: array, most: int = 10) -> list[int]:
+    """The first `most` offsets of `wanted` that `found` (an ordered subsequence) lacks."""
+    missing, j = [], 0
+    for offset in wanted:
+        if j < len(found) and found[j] == offset:
+            j += 1
+        elif len(missing) < most:
+            missing.append(offset)
+    return missing
+
+
+def verify_rebuild(staged: Storage, new_files: list[FileEntry]) -> None:
     """Each new file exists with its stated size and name; none overlaps another in a folder."""
     problems = []
     spans: dict[tuple[str, int], list[FileEntry]] = defaultdict(list)
@@ -260,10 +205,10 @@ def verify_rebuild(storage: Storage, new_files: list[FileEntry]) -> None:
         named = parse_data_key(e.key)
         if named is None or (named.partition, named.first_offset) != (e.partition, e.first_offset):
             problems.append(f"{e.key} does not name partition {e.partition} at {e.first_offset}")
-        elif not storage.exists(e.key):
+        elif not staged.exists(e.key):
             problems.append(f"{e.key} is missing")
-        elif storage.size(e.key) != e.bytes:
-            problems.append(f"{e.key} has {storage.size(e.key)} bytes, expected {e.bytes}")
+        elif staged.size(e.key) != e.bytes:
+            problems.append(f"{e.key} has {staged.size(e.key)} bytes, expected {e.bytes}")
         spans[e.key.rsplit("/", 1)[0], e.partition].append(e)
     for same in spans.values():
         ordered = sorted(same, key=lambda e: e.first_offset)
@@ -275,116 +220,115 @@ def verify_rebuild(storage: Storage, new_files: list[FileEntry]) -> None:
 
 
 def finish_rebuild(
-    storage: Storage,
-    cfg: TopicConfig,
-    snap: Snapshot,
-    day: date,
-    new_files: list[FileEntry],
-    sources: list[Source],
-) -> list[str]:
-    """Replace `day`'s stale files with the complete new ones; return the deleted keys.
-
-    Stale: every file in `day`'s partitioned folders and quarantine, of any generation, that is
-    not new and starts below the snapshot's offsets (later files are runs committed since).
-    Refuses, deleting nothing, if the topic was rewound since the snapshot or a stale file lies
-    outside every source (the selection missed a backup file: its records would be lost). The
-    rebuild manifest is saved before deleting, so it lists the date's files even if deleting
-    stops midway (a retry deletes the rest).
-    """
-    verify_rebuild(storage, new_files)
-    _check_not_rewound(storage, snap)
-    new = {e.key for e in new_files}
-    stale = [
-        f
-        for f in _day_files(storage, snap.topic, cfg.path_format, day)
-        if f.key not in new and f.first_offset < snap.next_offsets.get(f.partition, 0)
-    ]
-    held = _holder(sources)
-    unheld = [f.key for f in stale if held(f.partition, f.first_offset) is None]
-    if unheld:
-        raise RebuildRefused(
-            f"topic {snap.topic!r} {day}: no chosen backup file holds the records of "
-            f"{', '.join(unheld)}; nothing was deleted. Rebuild with the dates these records "
-            "were filed under in also_from (or a larger margin)"
-        )
-    now = datetime.now(UTC)
-    save_rebuild(
-        storage,
-        RebuildManifest(
-            topic=snap.topic,
-            day=day,
-            attempt_id=f"{now:%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:8]}",
-            snapshot_seq=snap.seq,
-            generation=cfg.generation,
-            sources=[s.key for s in sources],
-            files=new_files,
-            created_at=now,
-        ),
-    )
-    for f in stale:
-        storage.delete(f.key)
-    return [f.key for f in stale]
+    storage: Storage, cfg: TopicConfig, chosen: Selection, results: list[RebuildResult]
+) -> RebuildManifest:
+    """Replace R's files by the re-derived ones, or refuse and change nothing (see module doc)."""
+    claim = chosen.claim
+    try:
+        manifest = _decide(storage, cfg, chosen, results)
+    except PermanentError:
+        staging.discard(storage, chosen.snapshot.topic, claim.attempt_id)
+        raise
+    staging.publish(storage, chosen.snapshot.topic, claim.attempt_id)
+    return manifest
 
 
-def save_rebuild(storage: Storage, rebuilt: RebuildManifest) -> str:
-    storage.write(rebuilt.key, rebuilt.model_dump_json(indent=2).encode())
-    return rebuilt.key
-
-
-def newest_rebuild(storage: Storage, topic: str, day: date) -> RebuildManifest | None:
-    """The last finished rebuild of `day` (attempt ids start with their UTC time, so sort)."""
-    keys = storage.list(rebuilds_prefix(topic, day))
-    if not keys:
+def read_rebuild(storage: Storage, topic: str, seq: int) -> RebuildManifest | None:
+    """Link `seq` of the topic's rebuild chain, if it exists."""
+    try:
+        raw = storage.read(f"_rebuilds/{check_topic(topic)}/{seq:012d}.json")
+    except FileNotFoundError:
         return None
-    return RebuildManifest.model_validate_json(storage.read(keys[-1]))
+    return RebuildManifest.model_validate_json(raw)
 
 
-def _window(day: date, cfg: TopicConfig, margin: timedelta) -> tuple[int, int]:
-    """`day` ± `margin` in the topic's timezone, as epoch millis [start, end)."""
-    start = datetime.combine(day, time(), cfg.tzinfo) - margin
-    end = datetime.combine(day + _DAY, time(), cfg.tzinfo) + margin
-    return _millis(start), _millis(end)
-
-
-def _millis(when: datetime) -> int:
-    return (when - _EPOCH) // _MS
-
-
-def _sources(attempt: Manifest, cfg: TopicConfig) -> list[Source]:
-    when = attempt.processing_time
-    return [
-        Source(
-            key=e.key,
-            partition=e.partition,
-            first_offset=e.first_offset,
-            last_offset=e.last_offset,
-            processing_time=when,
-            processing_date=when.astimezone(cfg.tzinfo).date(),
+def _decide(
+    storage: Storage, cfg: TopicConfig, chosen: Selection, results: list[RebuildResult]
+) -> RebuildManifest:
+    claim, snap = chosen.claim, chosen.snapshot
+    unaccounted = [r for r in results if r.missing or r.records != r.expected]
+    if unaccounted or len(results) != len(chosen.sources):
+        detail = "; ".join(
+            f"{r.source} lacks offsets {r.missing} of the files it should hold" for r in unaccounted
         )
-        for e in attempt.files
-        if e.kind == "backup"
-    ]
+        raise RebuildRefused(
+            f"topic {snap.topic!r} {_dates(chosen.dates)}: not every record could be re-derived "
+            f"from its backup ({detail or 'a source was not rebuilt'}); nothing was changed"
+        )
+    new_files = [f for r in results for f in r.files]
+    staged = staging.staged(storage, snap.topic, claim.attempt_id)
+    verify_rebuild(staged, new_files)
+    old = {key for s in chosen.sources for key in s.files}
+    new = {f.key for f in new_files}
+    foreign = sorted(key for key in new - old if storage.exists(key))
+    if foreign:
+        raise RebuildRefused(
+            f"topic {snap.topic!r} {_dates(chosen.dates)}: the new files would replace "
+            f"{', '.join(foreign[:5])}, which this rebuild did not select; nothing was changed"
+        )
+    _check_not_rewound(storage, snap)
+    manifest = RebuildManifest(
+        seq=claim.seq,
+        topic=snap.topic,
+        attempt_id=claim.attempt_id,
+        dates=chosen.dates,
+        snapshot_seq=snap.seq,
+        generation=cfg.generation,
+        sources=[s.key for s in chosen.sources],
+        files=new_files,
+        removed=sorted(old - new),
+        created_at=datetime.now(UTC),
+    )
+    if fence.decided_for(storage, snap.topic, "rebuild", claim.seq) != claim.attempt_id:
+        publication = staging.Publication(move=sorted(new), delete=manifest.removed)
+        staging.prepare(storage, snap.topic, claim.attempt_id, publication)
+    fence.commit(storage, claim, manifest.model_dump_json(indent=2).encode())
+    return manifest
 
 
-def _holder(sources: Iterable[Source]) -> Callable[[int, int], Source | None]:
-    """A lookup of the source holding (partition, offset)."""
-    by_partition: dict[int, list[Source]] = defaultdict(list)
-    for s in sorted(sources, key=lambda s: s.first_offset):
-        by_partition[s.partition].append(s)
-    starts = {p: [s.first_offset for s in found] for p, found in by_partition.items()}
+def _sources(storage: Storage, topic: str, files: list[DataFile]) -> list[Source]:
+    """Group R's files by the backup file holding their records (named in each header)."""
+    grouped: dict[str, Source] = {}
+    for f in files:
+        try:
+            meta = read_metadata(storage.read_head(f.key, _HEADER_BYTES))
+        except (EOFError, ValueError):  # a header larger than the first read
+            meta = read_metadata(storage.read(f.key))
+        key, when = meta.get("cairn.source"), meta.get("cairn.processing_time")
+        named = parse_data_key(key) if key else None
+        if named is None or named.kind != "backup" or named.topic != topic or when is None:
+            raise RebuildRefused(
+                f"{f.key} does not name its backup file in its header (written by an older "
+                "Cairn?); nothing was changed. Re-archive the topic under a new generation"
+            )
+        source = grouped.setdefault(
+            key,
+            Source(
+                key=key,
+                partition=named.partition,
+                processing_time=datetime.fromisoformat(when),
+                files=[],
+            ),
+        )
+        source.files.append(f.key)
+    return sorted(grouped.values(), key=lambda s: (s.partition, s.key))
 
-    def held(partition: int, offset: int) -> Source | None:
-        i = bisect_right(starts.get(partition, []), offset) - 1
-        found = by_partition[partition][i] if i >= 0 else None
-        return found if found is not None and offset <= found.last_offset else None
 
-    return held
-
-
-def _holding(sources: Iterable[Source], entries: Iterable[FileEntry]) -> set[str]:
-    """Keys of the sources that hold the records of any of `entries`."""
-    held = _holder(sources)
-    return {s.key for e in entries if (s := held(e.partition, e.first_offset)) is not None}
+def _offsets(storage: Storage, source: Source) -> Iterator[int]:
+    """The Kafka offsets of the records in `source.files` (partitioned or quarantine)."""
+    for key in source.files:
+        parsed = parse_data_key(key).kind == "partitioned"
+        p_field, o_field = (
+            ("_kafka_partition", "_kafka_offset") if parsed else ("partition", "offset")
+        )
+        with storage.open_read(key) as f:
+            for row in fastavro.reader(f):
+                if row[p_field] != source.partition:
+                    raise RebuildRefused(
+                        f"{key} holds a record of partition {row[p_field]}, but its header names "
+                        f"{source.key}; nothing was changed"
+                    )
+                yield row[o_field]
 
 
 def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[dict[str, Any]]:
@@ -396,12 +340,11 @@ def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[di
             if (
                 record["topic"] != topic
                 or record["partition"] != source.partition
-                or not max(previous + 1, source.first_offset) <= offset <= source.last_offset
+                or offset <= previous
             ):
                 raise ValueError(
                     f"{source.key}: record {record['topic']}/{record['partition']}@{offset} "
-                    f"does not fit partition {source.partition} offsets "
-                    f"{source.first_offset}..{source.last_offset} in order"
+                    f"does not fit partition {source.partition} in offset order"
                 )
             previous = offset
             yield record
@@ -432,15 +375,13 @@ def _folder_date(folder: str, path_format: str) -> date | None:
 
 
 def _check_not_rewound(storage: Storage, snap: Snapshot) -> None:
-    try:
-        token = tokens.Token.model_validate_json(storage.read(token_key(snap.topic, snap.seq)))
-    except FileNotFoundError:
-        token = None
-    if token is None or (token.created_at, token.next_offsets) != (
-        snap.created_at,
-        snap.next_offsets,
-    ):
+    link = fence.read_link(storage, snap.topic, "archive", snap.seq)
+    if link is None or link.created_at != snap.created_at:
         raise RebuildRefused(
             f"topic {snap.topic!r}: token {snap.seq} changed since the rebuild's snapshot (the "
-            "topic was rewound); nothing was deleted, run the rebuild again"
+            "topic was rewound); nothing was changed, run the rebuild again"
         )
+
+
+def _dates(days: list[date]) -> str:
+    return days[0].isoformat() if len(days) == 1 else f"{days[0]}..{days[-1]}"

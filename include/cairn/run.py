@@ -1,42 +1,58 @@
 """One archive run, step by step: plan → clean → (Spark archives) → verify → commit.
 
 The Airflow tasks are one-line calls into these functions; `Planned` is what travels between
-them (as XCom JSON), so every step after planning works on exactly the ranges that were planned.
+them. Planning claims the next token (`cairn.fence`) and stores the whole plan in the claim
+object, so the Spark job reads it by reference, and every later step first checks that the claim
+is still live: a stale plan fails fast instead of touching the archive.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime
 
 from pydantic import BaseModel
 
-from cairn import clean, kafka_meta, manifest, tokens
+from cairn import clean, fence, kafka_meta, manifest, staging, tokens
 from cairn.config import TopicConfig
 from cairn.layout import manifest_key
-from cairn.plan import Plan, lag, plan
+from cairn.plan import Plan, TopicRecreated, lag, plan
 from cairn.storage import Storage
 
 log = logging.getLogger(__name__)
 
 
 class Planned(BaseModel):
-    """A planned run: the ranges to read and the token they were planned from."""
+    """A planned run: its claim, the ranges to read and the token they were planned from."""
 
+    claim: fence.Claim
     topic: str
     run_id: str
-    attempt_id: str
-    seq: int
-    """The seq this run commits."""
+    topic_id: str | None
+    compacted: bool = False
+    """The topic's `cleanup.policy` includes compact (re-reads may return fewer records)."""
     base_offsets: dict[int, int]
     """`next_offsets` of the token planned from (empty when there was none)."""
     plan: Plan
     planned_at: datetime
+    """Also the processing time the Spark job parses with, so a retry writes the same bytes."""
+
+    @property
+    def seq(self) -> int:
+        """The token this run commits."""
+        return self.claim.seq
+
+    @property
+    def attempt_id(self) -> str:
+        return self.claim.attempt_id
 
     @property
     def manifest_key(self) -> str:
         return manifest_key(self.topic, self.attempt_id)
+
+    def staged(self, storage: Storage) -> Storage:
+        """Where this attempt's files wait until its token commits."""
+        return staging.staged(storage, self.topic, self.attempt_id)
 
 
 class Summary(BaseModel):
@@ -47,24 +63,37 @@ class Summary(BaseModel):
     ranges: dict[int, tuple[int, int]]
     counts: tokens.Counts
     offset_lag: dict[int, int]
-    time_lag_seconds: float
-    """Age of the oldest record not yet archived (0 when caught up)."""
+    time_lag_seconds: float | None
+    """Age of the oldest record not yet archived (0 when caught up; None if Kafka did not say)."""
     more_waiting: bool
     gaps: list[tokens.Gap]
+    lag_error: str | None = None
+    """Why the lag is unknown: the token is committed all the same."""
 
 
-def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) -> Planned:
+def load_planned(storage: Storage, claim_key: str) -> Planned:
+    """The plan stored in a claim object (how the Spark job receives it)."""
+    return Planned.model_validate_json(storage.read(claim_key))
+
+
+def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) -> Planned | None:
+    """Plan and claim the next token; None when there is nothing to read or record.
+
+    First finishes publishing any committed run a crash interrupted, so the archive is whole
+    even when nothing new arrives.
+    """
     topic = cfg.topic
+    staging.settle(storage, topic)
     token = tokens.newest(storage, topic)
-    watermarks = kafka_meta.fetch_watermarks(bootstrap, topic)
-    planned = plan(
-        topic,
-        token,
-        watermarks,
-        cfg.max_records_per_partition,
-        cfg.new_partition_start,
-        cfg.accept_gaps,
-    )
+    state = kafka_meta.fetch_topic(bootstrap, topic)
+    args = (topic, token, state.watermarks, cfg.max_records_per_partition, cfg.new_partition_start)
+    base = token.next_offsets if token else {}
+    rewound = clean.rewound_backups(storage, topic, base, cfg.generation)
+    if rewound:  # a rewind: refuse before anything else if its output cannot be read again
+        probe = plan(*args, accept_gaps=True, topic_id=state.topic_id)
+        starts = {p: start for p, (start, _) in probe.ranges.items()}
+        clean.check_rereadable(topic, rewound, starts, state.compacted)
+    planned = plan(*args, accept_gaps=cfg.accept_gaps, topic_id=state.topic_id)
     for gap in planned.gaps:
         log.warning(
             "topic %s partition %s: offsets [%s, %s) were lost to retention before archiving "
@@ -74,29 +103,55 @@ def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) ->
             gap.from_offset,
             gap.to_offset,
         )
-    seq = tokens.next_seq(token)
-    return Planned(
-        topic=topic,
-        run_id=run_id,
-        attempt_id=f"{seq:012d}-{uuid.uuid4().hex[:12]}",
-        seq=seq,
-        base_offsets=token.next_offsets if token else {},
-        plan=planned,
-        planned_at=datetime.now(UTC),
-    )
+    if planned.empty and not planned.gaps and planned.next_offsets == base and not rewound:
+        return None
+
+    def body(claim: fence.Claim) -> bytes:
+        made = Planned(
+            claim=claim,
+            topic=topic,
+            run_id=run_id,
+            topic_id=state.topic_id,
+            compacted=state.compacted,
+            base_offsets=base,
+            plan=planned,
+            planned_at=claim.created_at,
+        )
+        return made.model_dump_json().encode()
+
+    link = fence.Link(seq=token.seq, created_at=token.created_at) if token else None
+    claim = fence.claim(storage, topic, "archive", link, run_id, body)
+    return load_planned(storage, claim.key)
 
 
-def clean_run(cfg: TopicConfig, storage: Storage) -> list[str]:
-    """Delete what no surviving token covers, so the read that follows cannot duplicate."""
-    deleted = clean.clean(storage, cfg.topic, tokens.newest(storage, cfg.topic))
+def clean_run(cfg: TopicConfig, storage: Storage, planned: Planned, bootstrap: str) -> list[str]:
+    """Settle other attempts and delete what a rewind un-committed, so the read cannot duplicate."""
+    fence.check_live(storage, planned.claim)
+    staging.settle(storage, planned.topic)
+    position = planned.base_offsets
+    rewound = clean.rewound_backups(storage, planned.topic, position, cfg.generation)
+    if not rewound:
+        return []
+    low = {p: w.low for p, w in kafka_meta.fetch_watermarks(bootstrap, planned.topic).items()}
+    starts = {p: max(start, low.get(p, start)) for p, (start, _) in planned.plan.ranges.items()}
+    clean.check_rereadable(planned.topic, rewound, starts, planned.compacted)
+    deleted = clean.delete_rewound(storage, planned.topic, position)
     for key in deleted:
-        log.info("removed uncommitted %s", key)
+        log.info("removed rewound %s", key)
     return deleted
 
 
 def verify_run(storage: Storage, planned: Planned) -> manifest.VerifyReport:
+    fence.check_live(storage, planned.claim)
+    if planned.plan.empty:  # the run only records a position (new partitions, a gap)
+        return manifest.VerifyReport(counts=tokens.Counts(), partitions={})
     attempt = manifest.load(storage, planned.manifest_key)
-    return manifest.verify(attempt, planned.plan.to_read, storage)
+    if attempt.attempt_id != planned.attempt_id:
+        raise manifest.VerificationFailed(
+            f"{planned.manifest_key} belongs to attempt {attempt.attempt_id}, not "
+            f"{planned.attempt_id}"
+        )
+    return manifest.verify(attempt, planned.plan.to_read, planned.staged(storage))
 
 
 def commit_run(
@@ -106,33 +161,75 @@ def commit_run(
     report: manifest.VerifyReport,
     bootstrap: str,
 ) -> Summary:
-    """Write the next token; only now is the run's output part of the archive."""
+    """Create the token, then publish the run's staged files; only now is its output archived.
+
+    Safe to retry at any point: a token that already names this attempt is success, and
+    publishing finishes what a crash interrupted.
+    """
+    topic = planned.topic
+    mine = fence.decided_for(storage, topic, "archive", planned.seq) == planned.attempt_id
+    if not mine:
+        _check_same_topic(bootstrap, planned)
+        files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
+        publication = staging.Publication(move=[f.key for f in files])
+        staging.prepare(storage, topic, planned.attempt_id, publication)
     token = tokens.Token(
         seq=planned.seq,
-        topic=planned.topic,
+        topic=topic,
         generation=cfg.generation,
         next_offsets=planned.plan.next_offsets,
         previous_offsets=planned.base_offsets,
         counts=report.counts,
-        manifest=planned.manifest_key,
+        manifest=None if planned.plan.empty else planned.manifest_key,
+        attempt_id=planned.attempt_id,
+        topic_id=planned.topic_id,
         run_id=planned.run_id,
         created_at=datetime.now(UTC),
         planned_at=planned.planned_at,
         gaps=planned.plan.gaps,
     )
-    tokens.commit(storage, token)
-    watermarks = kafka_meta.fetch_watermarks(bootstrap, planned.topic)
-    offset_lag = lag(token.next_offsets, watermarks)
-    behind = {p: token.next_offsets[p] for p, n in offset_lag.items() if n > 0}
-    oldest = kafka_meta.timestamps_at(bootstrap, planned.topic, behind)
-    now_ms = datetime.now(UTC).timestamp() * 1000
+    if not tokens.commit(storage, token, planned.claim):
+        log.info("topic %s: token %s was already committed by this attempt", topic, token.seq)
+    staging.publish(storage, topic, planned.attempt_id)
+    return _summary(planned, report, bootstrap)
+
+
+def _check_same_topic(bootstrap: str, planned: Planned) -> None:
+    """The topic read must still be the one planned: recreated meanwhile, the records differ."""
+    if planned.topic_id is None:
+        return
+    now = kafka_meta.fetch_topic(bootstrap, planned.topic).topic_id
+    if now != planned.topic_id:
+        raise TopicRecreated(
+            f"topic {planned.topic!r} was deleted and recreated while {planned.attempt_id} ran "
+            f"(id {planned.topic_id} when planned, {now} now); nothing was committed"
+        )
+
+
+def _summary(planned: Planned, report: manifest.VerifyReport, bootstrap: str) -> Summary:
+    """The run summary; Kafka failing to report lag does not undo a committed run."""
+    next_offsets = planned.plan.next_offsets
+    offset_lag: dict[int, int] = {}
+    time_lag: float | None = None
+    error = None
+    try:
+        watermarks = kafka_meta.fetch_watermarks(bootstrap, planned.topic)
+        offset_lag = lag(next_offsets, watermarks)
+        behind = {p: next_offsets[p] for p, n in offset_lag.items() if n > 0 and p in next_offsets}
+        oldest = kafka_meta.timestamps_at(bootstrap, planned.topic, behind)
+        now_ms = datetime.now(UTC).timestamp() * 1000
+        time_lag = max(((now_ms - ts) / 1000 for ts in oldest.values()), default=0.0)
+    except Exception as err:  # the token is committed; a lag query must not fail the run
+        error = f"{type(err).__name__}: {err}"
+        log.warning("topic %s: lag unknown after commit: %s", planned.topic, error)
     return Summary(
         topic=planned.topic,
-        seq=token.seq,
+        seq=planned.seq,
         ranges=planned.plan.to_read,
         counts=report.counts,
         offset_lag=offset_lag,
-        time_lag_seconds=max(((now_ms - ts) / 1000 for ts in oldest.values()), default=0.0),
+        time_lag_seconds=time_lag,
         more_waiting=planned.plan.capped,
         gaps=planned.plan.gaps,
+        lag_error=error,
     )

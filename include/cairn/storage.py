@@ -38,6 +38,7 @@ class Storage:
         if parts.scheme not in ("file", "s3"):
             raise ValueError(f"archive root {url!r}: scheme must be file:// or s3://")
         self.url = url.rstrip("/")
+        self.options = options
         self.is_local = parts.scheme == "file"
         if self.is_local:
             self.fs = fsspec.filesystem("file", auto_mkdir=True)
@@ -61,6 +62,10 @@ class Storage:
 
     def read(self, key: str) -> bytes:
         return self.fs.cat_file(self.path(key))
+
+    def read_head(self, key: str, size: int) -> bytes:
+        """The first `size` bytes of `key` (all of it if smaller): one ranged request."""
+        return self.fs.cat_file(self.path(key), start=0, end=size)
 
     def exists(self, key: str) -> bool:
         return self.fs.exists(self.path(key))
@@ -131,6 +136,79 @@ class Storage:
         start = len(self.root) + 1
         keys = (p[start:] for p in found if p.startswith(self.root + "/"))
         return sorted(k for k in keys if not k.startswith(STAGING_DIR + "/"))
+
+    def list_after(self, prefix: str, start_after: str) -> list[str]:
+        """Keys directly in folder `prefix` that sort after `prefix + start_after`, sorted.
+
+        On S3 this is one `StartAfter` listing, so finding the few files past a position costs
+        the same however long the folder's history is.
+        """
+        folder = prefix.rstrip("/") + "/"
+        bound = folder + start_after
+        if self.is_local:
+            return [k for k in self.children(folder) if k > bound]
+        bucket, _, key_root = self.root.partition("/")
+        strip = len(key_root) + 1 if key_root else 0
+        folder_key = f"{key_root}/{folder}" if key_root else folder
+        kwargs = {"Bucket": bucket, "Prefix": folder_key, "Delimiter": "/"}
+        kwargs["StartAfter"] = folder_key + start_after
+        found: list[str] = []
+        while True:
+            reply = self.fs.call_s3("list_objects_v2", **kwargs)
+            found += [item["Key"][strip:] for item in reply.get("Contents", [])]
+            if not reply.get("IsTruncated"):
+                return sorted(found)
+            kwargs["ContinuationToken"] = reply["NextContinuationToken"]
+
+    def children(self, prefix: str) -> list[str]:
+        """Keys and sub-folders (with a trailing `/`) directly in folder `prefix`, sorted."""
+        base = self.path(prefix)
+        try:
+            entries = self.fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return []
+        start = len(self.root) + 1
+        found = []
+        for entry in entries:
+            name = entry["name"].rstrip("/")
+            if not name.startswith(self.root + "/") or name == base:
+                continue
+            key = name[start:]
+            found.append(key + "/" if entry["type"] == "directory" else key)
+        return sorted(found)
+
+    def child(self, prefix: str) -> Storage:
+        """The same root narrowed to `prefix`: what it writes lands under `prefix`."""
+        return Storage(f"{self.url}/{prefix.strip('/')}", **self.options)
+
+    def move(self, source: str, target: str) -> None:
+        """Put `source` at `target` (replacing it) and remove `source`.
+
+        A rename on local disk; on S3 a server-side copy then a delete (no bytes pass through
+        here). A missing `source` whose `target` exists counts as already moved, so a retried
+        move is harmless.
+        """
+        src, dst = self.path(source), self.path(target)
+        if self.is_local:
+            self.fs.makedirs(os.path.dirname(dst), exist_ok=True)
+            try:
+                os.replace(src, dst)
+            except FileNotFoundError:
+                if not os.path.exists(dst):
+                    raise
+            return
+        try:
+            self.fs.copy(src, dst)
+        except FileNotFoundError:
+            if not self.fs.exists(dst):
+                raise
+            return
+        self.delete(source)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under folder `prefix`; a missing folder is not an error."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(prefix), recursive=True)
 
     def size(self, key: str) -> int:
         return self.fs.size(self.path(key))

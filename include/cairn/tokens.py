@@ -1,9 +1,10 @@
 """Offset tokens: the only record of how far a topic has been archived.
 
 Token `n` of a topic is the object `_tokens/<topic>/<n:012d>.json`; the newest one is the current
-position. A run commits by creating token `n + 1` with a create-if-absent, so of two racing runs
-exactly one wins and a failed run leaves the position untouched. Deleting the newest tokens
-(`rewind`) moves the position back; the next run's cleanup then removes the output they covered.
+position. Tokens are the archive chain of `cairn.fence`: a run claims token `n + 1`, and commits
+by creating it with a create-if-absent, so of overlapping runs exactly one wins and a failed run
+leaves the position untouched. Deleting the newest tokens (`rewind`) moves the position back; the
+next run's cleanup then removes the output they covered.
 """
 
 from __future__ import annotations
@@ -13,24 +14,18 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
-from cairn.layout import token_key, token_seq
-from cairn.storage import ObjectExists, Storage
+from cairn import fence
+from cairn.errors import PermanentError
+from cairn.layout import token_key
+from cairn.storage import Storage
 
 
-class TokenError(Exception):
-    """Base class for token problems that stop a run."""
-
-
-class CorruptToken(TokenError):
+class CorruptToken(PermanentError):
     """A token object is unreadable; it is never skipped, because that would move the position."""
 
 
-class CommitConflict(TokenError):
-    """Another run (or a rewind) changed the position after this run was planned."""
-
-
-class RewindRefused(TokenError):
-    """The rewind would make Cairn re-read records Kafka no longer has."""
+class RewindRefused(PermanentError):
+    """The rewind would lose records: Kafka can no longer return some of what it would re-read."""
 
 
 class Gap(BaseModel):
@@ -67,6 +62,10 @@ class Token(BaseModel):
     previous_offsets: dict[NonNegativeInt, NonNegativeInt] = Field(default_factory=dict)
     counts: Counts = Field(default_factory=Counts)
     manifest: str | None = None
+    attempt_id: str | None = None
+    """The attempt (`cairn.fence`) whose staged files this token publishes."""
+    topic_id: str | None = None
+    """Kafka's id of the topic read, so a topic deleted and recreated is never taken for it."""
     run_id: str
     created_at: datetime
     planned_at: datetime
@@ -88,30 +87,12 @@ def list_tokens(storage: Storage, topic: str) -> list[Token]:
     return [_load(storage, topic, seq) for seq in _seqs(storage, topic)]
 
 
-def commit(storage: Storage, token: Token) -> None:
-    """Make `token` the newest, only if the position is still the one the run was planned from.
-
-    The pre-check catches a rewind or another run that committed meanwhile; the atomic create
-    catches a run that commits the same seq at the same moment.
-    """
-    current = newest(storage, token.topic)
-    planned_from = token.seq - 1
-    if (current.seq if current else 0) != planned_from or (
-        current is not None and current.next_offsets != token.previous_offsets
-    ):
-        found = f"token {current.seq}" if current else "no token"
-        raise CommitConflict(
-            f"topic {token.topic!r}: cannot commit token {token.seq}: the run was planned from "
-            f"token {planned_from} but the newest is now {found} (another run committed or the "
-            "topic was rewound); this attempt's output is removed by the next run's cleanup"
-        )
-    try:
-        storage.create(token_key(token.topic, token.seq), token.model_dump_json(indent=2).encode())
-    except ObjectExists:
-        raise CommitConflict(
-            f"topic {token.topic!r}: token {token.seq} was committed by another run at the same "
-            "time; this attempt's output is removed by the next run's cleanup"
-        ) from None
+def commit(storage: Storage, token: Token, claim: fence.Claim) -> bool:
+    """Make `token` the newest if `claim` is still live; True if created now, False if this
+    attempt had already committed it (a retry). Raises `fence.Fenced` if another attempt won."""
+    if (token.seq, token.attempt_id) != (claim.seq, claim.attempt_id):
+        raise ValueError(f"token {token.seq} does not belong to {claim.label}")
+    return fence.commit(storage, claim, token.model_dump_json(indent=2).encode())
 
 
 def rewind(
@@ -119,6 +100,7 @@ def rewind(
     topic: str,
     *,
     low_watermarks: Mapping[int, int] | None,
+    compacted: bool = False,
     count: int | None = None,
     to_seq: int | None = None,
     before: datetime | None = None,
@@ -133,7 +115,9 @@ def rewind(
     `low_watermarks` (Kafka's low watermark per partition) guards against rewinding past
     retention: the rewind is refused, deleting nothing, if an archived partition would have to be
     re-read from an offset Kafka no longer has (from 0 if the remaining token does not know it).
-    Pass None only to skip that check knowingly, e.g. when Kafka is unreachable.
+    A `compacted` topic (`cleanup.policy` with `compact`) is refused whenever the rewound runs
+    read anything: compaction may have removed records they archived, so a re-read would lose
+    them. Pass None only to skip these checks knowingly, e.g. when Kafka is unreachable.
 
     Tokens are deleted newest first, so a crash midway leaves a valid, older newest token.
     Returns the deleted keys.
@@ -160,12 +144,26 @@ def rewind(
         target = _load(storage, topic, seqs[keep - 1]) if keep else None
         archived = _newest_readable(storage, topic, doomed)
         _check_rereadable(topic, target, archived, low_watermarks)
+        if compacted and any(_read_anything(storage, topic, seq) for seq in doomed):
+            raise RewindRefused(
+                f"topic {topic!r} is compacted (cleanup.policy=compact): re-reading the rewound "
+                "runs could return fewer records than they archived, and cleanup would delete "
+                "the only copy of the rest; nothing was deleted. Rebuild the affected dates from "
+                "the backup instead (README, Operating)"
+            )
     deleted = []
     for seq in reversed(doomed):
         key = token_key(topic, seq)
         storage.delete(key)
         deleted.append(key)
     return deleted
+
+
+def _read_anything(storage: Storage, topic: str, seq: int) -> bool:
+    try:
+        return _load(storage, topic, seq).counts.read > 0
+    except CorruptToken:
+        return True
 
 
 def _newest_readable(storage: Storage, topic: str, seqs: list[int]) -> set[int]:
@@ -200,9 +198,7 @@ def _check_rereadable(
 
 
 def _seqs(storage: Storage, topic: str) -> list[int]:
-    folder = token_key(topic, 0).rsplit("/", 1)[0] + "/"
-    seqs = (token_seq(key) for key in storage.list(folder))
-    return sorted(seq for seq in seqs if seq is not None)
+    return fence.link_seqs(storage, topic, "archive")
 
 
 def _load(storage: Storage, topic: str, seq: int) -> Token:

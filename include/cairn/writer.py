@@ -1,16 +1,16 @@
 """The one-pass writer: one Kafka partition's records in, backup/partitioned/quarantine files out.
 
 The Spark job calls `write_partition` once per task; Spark hands each task the records of one
-Kafka partition in offset order. Every file streams through `Storage.open_write`, so it is
-published whole or not at all, and is named by the offset of its first record, so the same input
-always yields the same names (a retry overwrites, never duplicates).
+Kafka partition in offset order. Every file streams through `Storage.open_write` into the attempt's
+staging area (`cairn.staging`), whole or not at all, and is named by the offset of its first
+record, so the same input always yields the same names (a retry overwrites, never duplicates).
 
 Memory is bounded by open writers, not by records: each Avro writer buffers one block
 (`cairn.avro.SYNC_INTERVAL`), and at most `max_open_files` partitioned writers plus the backup and
 quarantine writers are open. Without the cap, late data spread over many hours (or a replay of a
 year) would open one writer per folder at once and memory would grow with the spread, the
 out-of-memory that Kafka Connect's S3 sink users hit. With it, the least recently used folder is
-published early and a later record for that folder starts a new file named by its own offset:
+finished early and a later record for that folder starts a new file named by its own offset:
 a few more files, the same bounded memory, and still deterministic names.
 
 `ParsedWriter` (partitioned and quarantine files) is shared with `cairn.rebuild`, which re-derives
@@ -82,17 +82,19 @@ def write_partition(
     cfg: TopicConfig,
     storage: Storage,
     processing_time: datetime,
+    attempt_id: str,
     max_open_files: int = DEFAULT_MAX_OPEN_FILES,
 ) -> PartitionResult:
     """Write one Kafka partition's records (offset order) in one pass; see the module doc.
 
-    On any exception the files still open are discarded and the exception propagates; files
-    already published stay, and the pipeline's clean step removes them before a retry.
+    `storage` is the attempt's staging area. On any exception the files still open are
+    discarded and the exception propagates; files already written stay in staging, where a
+    retry of the same attempt rewrites them byte for byte (same records, same processing time).
     """
     topic = check_write_args(cfg, processing_time, max_open_files)
     with contextlib.ExitStack() as uploads:  # on error, discards every upload still open
         files = OutputFiles(storage, cfg.codec, uploads)
-        writer = _PartitionWriter(cfg, topic, files, processing_time, max_open_files)
+        writer = _PartitionWriter(cfg, topic, files, processing_time, max_open_files, attempt_id)
         for record in records:
             writer.write(record)
         return writer.finish()
@@ -102,28 +104,27 @@ class _OpenFile:
     """One Avro object streaming through `Storage.open_write`.
 
     Its upload is registered with the call's ExitStack, which discards it if an error unwinds
-    the call; `publish` completes it early (the stack's later exit of it is then a no-op; the
+    the call; `finish` completes it early (the stack's later exit of it is then a no-op; the
     stack keeps one empty ExitStack per file, which is as small as the FileEntry list).
     """
 
     def __init__(
         self,
-        storage: Storage,
+        files: OutputFiles,
         key: str,
         kind: DataKind,
         partition: int,
         schema: dict[str, Any],
-        codec: str,
-        uploads: contextlib.ExitStack,
+        metadata: dict[str, str],
     ) -> None:
-        self.storage, self.key, self.kind, self.partition = storage, key, kind, partition
+        self.storage, self.key, self.kind, self.partition = files.storage, key, kind, partition
         with contextlib.ExitStack() as stack:  # a bad codec must not leave the upload open
-            out = stack.enter_context(storage.open_write(key))
-            self.avro = AvroFileWriter(out, schema, codec)
+            out = stack.enter_context(files.storage.open_write(key))
+            self.avro = AvroFileWriter(out, schema, files.codec, metadata=metadata, name=key)
             self._upload = stack.pop_all()
-        uploads.push(self._upload)
+        files.uploads.push(self._upload)
 
-    def publish(self) -> FileEntry:
+    def finish(self) -> FileEntry:
         with self._upload:  # an error while writing the last block discards the object
             self.avro.close()
         s = self.avro.stats
@@ -142,21 +143,29 @@ class _OpenFile:
 
 
 class OutputFiles:
-    """The files one call streams to storage, and the entries of those it published, in order.
+    """The files one call streams to storage, and the entries of those it finished, in order.
 
     Every upload is registered with `uploads`, so an error that unwinds the caller's ExitStack
-    discards all files not yet published.
+    discards all files not yet finished. `storage` is the attempt's staging area
+    (`cairn.staging.staged`): keys are final keys, published only when the attempt commits.
     """
 
     def __init__(self, storage: Storage, codec: str, uploads: contextlib.ExitStack) -> None:
         self.storage, self.codec, self.uploads = storage, codec, uploads
         self.files: list[FileEntry] = []
 
-    def open(self, key: str, kind: DataKind, partition: int, schema: dict[str, Any]) -> _OpenFile:
-        return _OpenFile(self.storage, key, kind, partition, schema, self.codec, self.uploads)
+    def open(
+        self,
+        key: str,
+        kind: DataKind,
+        partition: int,
+        schema: dict[str, Any],
+        metadata: dict[str, str],
+    ) -> _OpenFile:
+        return _OpenFile(self, key, kind, partition, schema, metadata)
 
-    def publish(self, f: _OpenFile) -> None:
-        self.files.append(f.publish())
+    def finish(self, f: _OpenFile) -> None:
+        self.files.append(f.finish())
 
 
 class ParsedWriter:
@@ -164,9 +173,10 @@ class ParsedWriter:
     archive and the rebuild from backup share.
 
     Records come in as verbatim (`BACKUP_SCHEMA`) dicts in offset order. The caller `parse`s
-    each and `write`s the ones it keeps: the archive keeps all, a rebuild only its date's.
-    Quarantine goes to the folder of `quarantine_date` (the processing date), and records
-    there carry `processing_time`.
+    each and `write`s the ones it keeps: the archive keeps all, a rebuild the ones it
+    re-derives. Quarantine goes to the folder of `quarantine_date` (the processing date), and
+    records there carry `processing_time`. Every file's header names `source`, the backup file
+    holding its records, and the processing time, which is what a rebuild needs to re-derive it.
     """
 
     def __init__(
@@ -184,6 +194,8 @@ class ParsedWriter:
         self.schema = compile_schema(cfg.user_schema or {})
         self.quarantine: _OpenFile | None = None
         self.partitioned: OrderedDict[str, _OpenFile] = OrderedDict()  # least recent first
+        self.source = ""
+        """The backup key of the records being written (set before the first `write`)."""
 
     def parse(self, verbatim: dict[str, Any]) -> Parsed | Quarantined:
         coords = KafkaCoords(verbatim["partition"], verbatim["offset"], verbatim["timestamp"])
@@ -198,15 +210,17 @@ class ParsedWriter:
         if self.quarantine is None:
             gen = self.cfg.generation
             key = quarantine_key(self.topic, gen, partition, offset, self.quarantine_date)
-            self.quarantine = self.files.open(key, "quarantine", partition, QUARANTINE_SCHEMA)
+            self.quarantine = self.files.open(
+                key, "quarantine", partition, QUARANTINE_SCHEMA, self._metadata()
+            )
         extra = {"reason": result.reason, "processing_time": self.processing_ms}
         self.quarantine.avro.append(verbatim | extra, offset)
 
     def close(self) -> None:
-        """Publish the files still open (quarantine first, then partitioned)."""
+        """Finish the files still open (quarantine first, then partitioned)."""
         for f in (self.quarantine, *self.partitioned.values()):
             if f is not None:
-                self.files.publish(f)
+                self.files.finish(f)
         self.quarantine = None
         self.partitioned.clear()
 
@@ -218,11 +232,14 @@ class ParsedWriter:
             return found
         if len(self.partitioned) >= self.max_open:
             _, evicted = self.partitioned.popitem(last=False)
-            self.files.publish(evicted)
+            self.files.finish(evicted)
         key = partitioned_key(self.topic, self.cfg.generation, partition, offset, folder)
-        opened = self.files.open(key, "partitioned", partition, self.schema)
+        opened = self.files.open(key, "partitioned", partition, self.schema, self._metadata())
         self.partitioned[folder] = opened
         return opened
+
+    def _metadata(self) -> dict[str, str]:
+        return file_metadata(self.processing_time, source=self.source)
 
 
 class _PartitionWriter:
@@ -235,8 +252,10 @@ class _PartitionWriter:
         files: OutputFiles,
         processing_time: datetime,
         max_open_files: int,
+        attempt_id: str,
     ) -> None:
         self.cfg, self.topic, self.files = cfg, topic, files
+        self.processing_time, self.attempt_id = processing_time, attempt_id
         self.parsed: ParsedWriter | None = None
         if cfg.format == "json":  # raw topics: backup only
             # The quarantine folder is the processing date in the topic's timezone.
@@ -252,14 +271,17 @@ class _PartitionWriter:
         verbatim = _verbatim(r)
         if self.backup is None:
             key = backup_key(self.topic, self.cfg.generation, r.partition, r.offset)
-            self.backup = self.files.open(key, "backup", r.partition, BACKUP_SCHEMA)
+            meta = file_metadata(self.processing_time, attempt=self.attempt_id)
+            self.backup = self.files.open(key, "backup", r.partition, BACKUP_SCHEMA, meta)
+            if self.parsed is not None:
+                self.parsed.source = key
         self.backup.avro.append(verbatim, r.offset)
         if self.parsed is not None:
             self.parsed.write(verbatim, self.parsed.parse(verbatim))
 
     def finish(self) -> PartitionResult:
         if self.backup is not None:
-            self.files.publish(self.backup)
+            self.files.finish(self.backup)
         if self.parsed is not None:
             self.parsed.close()
         last = self.last
@@ -279,6 +301,12 @@ class _PartitionWriter:
             raise ValueError(f"partition {r.partition} after {last.partition}: one per call")
         if last is not None and r.offset <= last.offset:
             raise ValueError(f"partition {r.partition}: offset {r.offset} after {last.offset}")
+
+
+def file_metadata(processing_time: datetime, **names: str) -> dict[str, str]:
+    """Avro header metadata of a data file: `cairn.processing_time` plus `cairn.<name>`."""
+    meta = {"cairn.processing_time": processing_time.isoformat()}
+    return meta | {f"cairn.{name}": value for name, value in names.items()}
 
 
 def _verbatim(r: KafkaRecord) -> dict[str, Any]:

@@ -59,28 +59,30 @@ class Archiver:
     def storage(self, cfg: TopicConfig) -> Storage:
         return Storage(cfg.root.storage_url, **self.options)
 
-    def plan(self, cfg: TopicConfig) -> run.Planned:
+    def plan(self, cfg: TopicConfig) -> run.Planned | None:
         return run.plan_run(cfg, self.storage(cfg), self.bootstrap, f"test-{uuid.uuid4().hex[:6]}")
 
     def write(self, cfg: TopicConfig, planned: run.Planned) -> None:
-        """Clean, then the Spark job: everything before verify and commit."""
-        run.clean_run(cfg, self.storage(cfg))
-        archive(self.spark, planned, cfg, self.bootstrap, self.options)
+        """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
+        run.clean_run(cfg, self.storage(cfg), planned, self.bootstrap)
+        if not planned.plan.empty:
+            archive(self.spark, planned, cfg, self.bootstrap, self.options)
 
     def finish(self, cfg: TopicConfig, planned: run.Planned) -> run.Summary:
         report = run.verify_run(self.storage(cfg), planned)
         return run.commit_run(cfg, self.storage(cfg), planned, report, self.bootstrap)
 
-    def rebuild(self, cfg: TopicConfig, day: date, **select_args) -> rebuild.Selection:
-        """One rebuild run as the rebuild DAG drives it: select, then the Spark job."""
-        chosen = rebuild.select(self.storage(cfg), cfg, day, **select_args)
-        rebuild_job(self.spark, chosen, cfg, self.options)
+    def rebuild(self, cfg: TopicConfig, *days: date) -> rebuild.Selection | None:
+        """One rebuild operation as the rebuild DAG drives it: select, then the Spark job."""
+        chosen = rebuild.select(self.storage(cfg), cfg, days, f"test-{uuid.uuid4().hex[:6]}")
+        if chosen is not None:
+            rebuild_job(self.spark, chosen, cfg, self.options)
         return chosen
 
     def run(self, cfg: TopicConfig) -> run.Summary | None:
-        """One whole run; None when planning found nothing new (no Spark, no token)."""
+        """One whole run; None when planning found nothing to do (no Spark, no token)."""
         planned = self.plan(cfg)
-        if planned.plan.empty:
+        if planned is None:
             return None
         self.write(cfg, planned)
         return self.finish(cfg, planned)

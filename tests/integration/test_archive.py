@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from cairn import tokens
-from cairn.tokens import CommitConflict
+from cairn.fence import Fenced
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 
@@ -110,33 +110,37 @@ def test_crash_before_commit_then_retry_leaves_no_duplicate(
     fill(kafka, topic_name, partitions=2, per_partition=5, start=30)
 
     crashed = archiver.plan(cfg)
-    archiver.write(cfg, crashed)  # files and manifest written, then the run dies: no commit
+    archiver.write(cfg, crashed)  # files and manifest staged, then the run dies: no commit
     storage = archiver.storage(cfg)
     assert tokens.newest(storage, topic_name).seq == 1
+    staged = read_archive(storage, topic_name)  # a reader sees only committed output
+    assert_exactly_once(staged, all_offsets({0: 20, 1: 20}))
 
-    archiver.run(cfg)  # the retry: clean removes the crashed attempt's files first
+    archiver.run(cfg)  # the retry plans afresh; the crashed attempt's staging is discarded
 
     assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1, 2]
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 35, 1: 35}))
 
 
-def test_racing_commits_one_wins_and_nothing_is_doubled(
+def test_two_attempts_planned_from_one_token_only_the_live_one_commits(
     kafka, archiver, make_cfg, topic_name
 ) -> None:
     create_topic(kafka, topic_name, partitions=1)
     fill(kafka, topic_name, partitions=1, per_partition=25)
     cfg = make_cfg(topic_name)
     first, second = archiver.plan(cfg), archiver.plan(cfg)
-    assert first.seq == second.seq == 1
+    assert first.seq == second.seq == 1 and first.claim.k < second.claim.k
 
-    archiver.write(cfg, first)
-    archiver.write(cfg, second)  # same ranges, so the same file names: rewritten, not doubled
-    archiver.finish(cfg, first)
-    with pytest.raises(CommitConflict, match="token 1"):
-        archiver.finish(cfg, second)
+    with pytest.raises(Fenced, match="fenced out by a newer attempt"):
+        archiver.write(cfg, first)  # the older claim fails fast, before cleaning or Spark
+    archiver.write(cfg, second)
+    archiver.finish(cfg, second)
+    with pytest.raises(Fenced):
+        archiver.finish(cfg, first)
 
     storage = archiver.storage(cfg)
     assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1]
+    assert tokens.newest(storage, topic_name).attempt_id == second.attempt_id
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 25}))
 
 
