@@ -1,9 +1,11 @@
 """Archive throughput and peak memory of ONE Cairn run, end to end, on this machine.
 
 Fills a fresh 4-partition topic with N JSON events (~300 bytes) using Kafka's own
-ProducerPerformance tool, then drives one run exactly as the archive DAG does — plan, clean, the
-real Spark job through spark-submit, verify, commit — timing the Spark job from submit to exit
-and sampling the RSS of its process tree (JVM + Python driver + Python workers) every 0.2 s.
+ProducerPerformance tool, then drives one run exactly as the archive DAG does — plan (which
+claims the token and stores the plan in the claim), clean, the real Spark job through
+spark-submit (given the claim's key; it stages the files), verify, commit (which publishes
+them) — timing the Spark job from submit to exit and sampling the RSS of its process tree (JVM +
+Python driver + Python workers) every 0.2 s.
 
     .venv/bin/python benchmarks/archive_throughput.py                  # 1,000,000 records
     .venv/bin/python benchmarks/archive_throughput.py --records 200000 --json
@@ -262,15 +264,28 @@ def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]], job: Pa
     return "python driver" if str(job) in cmdline else "python workers"
 
 
+def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> run.Planned:
+    """Plan (claiming the next token) and clean as the archive DAG does; the plan must read
+    everything in Kafka in one run."""
+    planned = run.plan_run(cfg, storage, bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
+    if planned is None:
+        raise BenchError(f"topic {cfg.topic}: nothing to archive (plan_run returned None)")
+    run.clean_run(cfg, storage, planned, bootstrap)
+    if planned.plan.capped:
+        raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
+    return planned
+
+
 def spark_argv(planned: run.Planned, topics: Path, driver_memory: str) -> list[str]:
-    """The job's command line as the Airflow operator builds it (Kafka's address goes by env)."""
+    """The job's command line as the Airflow operator builds it: the topic and the key of the
+    claim that holds the plan (Kafka's address goes by env)."""
     jars = ",".join(sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar")))
     return [
         str(VENV_BIN / "spark-submit"),
         *["--master", "local[2]", "--driver-memory", driver_memory, "--jars", jars],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
         str(JOB),
-        *["--payload", planned.model_dump_json(), "--topics-file", str(topics)],
+        *["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file", str(topics)],
     ]
 
 
@@ -371,11 +386,8 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         cfg = topics_file(topics, topic, work / "archive", args.records)
         storage = Storage(cfg.root.storage_url)
         t = time.perf_counter()
-        planned = run.plan_run(cfg, storage, bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
-        run.clean_run(cfg, storage)
+        planned = plan_and_clean(cfg, storage, bootstrap)
         plan_clean_s = time.perf_counter() - t
-        if planned.plan.capped:
-            raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
 
         argv = spark_argv(planned, topics, args.driver_memory)
         tasks = len(planned.plan.to_read)
@@ -414,7 +426,6 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             "a new one"
         )
     shown = [shlex.quote(a) for a in argv]
-    shown[argv.index("--payload") + 1] = "'<Planned JSON>'"
     shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
     return Result(
         records=args.records,

@@ -5,9 +5,10 @@ archive runs (plan, clean, the real Spark archive job through spark-submit, veri
 functions of `archive_throughput.py`): `--records` records for the day that is rebuilt (the
 middle one) and `--other-records` for every other day. A day's records have event times on that
 day, except `--late-fraction` (1%) that are late: event times on the day before. Then rebuilds
-the middle day as the rebuild DAG does: `cairn.rebuild.select` (timed), the real
-`spark_jobs/rebuild.py` through spark-submit (timed, peak RSS sampled), and checks that the day's
-folders hold exactly the records with that event date, once each.
+the middle day as the rebuild DAG does: `cairn.rebuild.select` (timed; it finds the backup files
+holding the day's records from the day's files' Avro headers and claims a rebuild link), the real
+`spark_jobs/rebuild.py --claim <key>` through spark-submit (timed, peak RSS sampled), and checks
+that the day's folders hold exactly the records with that event date, once each.
 
     .venv/bin/python benchmarks/rebuild_day.py                        # 10 days, 1M rebuilt
     .venv/bin/python benchmarks/rebuild_day.py --days 3 --records 20000 --other-records 5000
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import shlex
 import sys
 import time
@@ -40,6 +40,7 @@ from archive_throughput import (
     delete_topic,
     event_lines,
     git_commit,
+    plan_and_clean,
     print_rows,
     private_kafka,
     produce,
@@ -49,15 +50,15 @@ from archive_throughput import (
     topics_file,
 )
 
-from cairn import kafka_meta, manifest, rebuild, run
+from cairn import kafka_meta, manifest, rebuild, run, tokens
 from cairn.config import TopicConfig
+from cairn.manifest import FileEntry
 from cairn.storage import Storage
 from cairn_stack.demo import create_topic
 from cairn_stack.settings import REPO
 
 REBUILD_JOB = REPO / "spark_jobs" / "rebuild.py"
 FIRST_DAY = date(2025, 1, 1)  # fixed, so the folders are the same every run
-_REMOVED = re.compile(r"removed (\d+) stale files")
 
 
 @dataclass
@@ -78,7 +79,8 @@ class Result:
     records_per_second: float
     """Records of the day written per second of the Spark rebuild job's wall time."""
     backup_records_per_second: float
-    """Backup records re-parsed per second of the Spark rebuild job's wall time."""
+    """Records of the chosen backup files read per second of the Spark rebuild job's wall time
+    (each task reads its whole backup file and re-parses only the records filed in the day)."""
     files_written: int
     files_removed: int
     files_in_day_before: int
@@ -110,10 +112,7 @@ def archive_once(
     log: Path,
 ) -> float:
     """One archive run as the archive DAG does it; returns the Spark job's wall time."""
-    planned = run.plan_run(cfg, storage, bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
-    run.clean_run(cfg, storage)
-    if planned.plan.capped:
-        raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
+    planned = plan_and_clean(cfg, storage, bootstrap)
     argv = spark_argv(planned, topics, args.driver_memory)
     seconds, _ = spark_submit(argv, bootstrap, len(planned.plan.to_read), log, args.timeout)
     report = run.verify_run(storage, planned)
@@ -171,13 +170,26 @@ def archive_history(
 
 
 def rebuild_argv(selection: rebuild.Selection, topics: Path, driver_memory: str) -> list[str]:
-    """The rebuild job's command line as the rebuild DAG builds it (no Kafka: no jars)."""
+    """The rebuild job's command line as the rebuild DAG builds it: the topic and the key of the
+    claim that holds the selection (no Kafka: no jars)."""
+    claim = selection.claim
     return [
         str(VENV_BIN / "spark-submit"),
         *["--master", "local[2]", "--driver-memory", driver_memory],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
         str(REBUILD_JOB),
-        *["--payload", selection.model_dump_json(), "--topics-file", str(topics)],
+        *["--topic", claim.topic, "--claim", claim.key, "--topics-file", str(topics)],
+    ]
+
+
+def committed_backups(storage: Storage, topic: str, upto_seq: int) -> list[FileEntry]:
+    """The backup files of the runs committed up to token `upto_seq` (the rebuild's snapshot)."""
+    return [
+        e
+        for token in tokens.list_tokens(storage, topic)
+        if token.seq <= upto_seq and token.manifest is not None
+        for e in manifest.load(storage, token.manifest).files
+        if e.kind == "backup"
     ]
 
 
@@ -235,16 +247,11 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         )
 
     t = time.perf_counter()
-    selection = rebuild.select(storage, cfg, day)
+    selection = rebuild.select(storage, cfg, [day], f"bench-{uuid.uuid4().hex[:6]}")
     select_s = time.perf_counter() - t
     if selection is None:
-        raise BenchError("nothing committed: select found no snapshot")
-    backups = [
-        e
-        for key in selection.snapshot.manifests
-        for e in manifest.load(storage, key).files
-        if e.kind == "backup"
-    ]
+        raise BenchError(f"select found nothing committed under {day}")
+    backups = committed_backups(storage, topic, selection.snapshot.seq)
     spans = {e.key: e.last_offset - e.first_offset + 1 for e in backups}
     read_records = sum(spans[s.key] for s in selection.sources)
     console.print(
@@ -265,15 +272,12 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
     )
     load.append(os.getloadavg()[0])
     console.print(f"rebuild job finished in {spark_s:.1f}s")
-    removed = [int(n) for n in _REMOVED.findall(log.read_text(errors="replace"))]
-    if len(removed) != 1:
-        raise BenchError(f"no summary line in {log}")
 
     with console.status("checking the rebuilt day"):
         t = time.perf_counter()
-        rebuilt = rebuild.newest_rebuild(storage, topic, day)
-        if rebuilt is None:
-            raise BenchError(f"no rebuild manifest for {day}")
+        rebuilt = rebuild.read_rebuild(storage, topic, selection.claim.seq)
+        if rebuilt is None or rebuilt.attempt_id != selection.claim.attempt_id:
+            raise BenchError(f"the rebuild of {day} did not commit its link; see {log}")
         after, quarantined = day_files(storage, topic, day)
         blocks, distinct = count_records(storage, after)
         check_s = time.perf_counter() - t
@@ -287,7 +291,6 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         raise BenchError(f"{day}'s files differ from the rebuild's, e.g. {sorted(odd)[:3]}")
 
     shown = [shlex.quote(a) for a in argv]
-    shown[argv.index("--payload") + 1] = "'<Selection JSON>'"
     return Result(
         day=str(day),
         days=args.days,
@@ -304,7 +307,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         records_per_second=round(in_day / spark_s),
         backup_records_per_second=round(read_records / spark_s),
         files_written=len(rebuilt.files),
-        files_removed=removed[0],
+        files_removed=len(rebuilt.removed),
         files_in_day_before=len(before),
         check_seconds=round(check_s, 1),
         archive_seconds=round(archive_s, 1),
@@ -327,7 +330,7 @@ def print_result(r: Result) -> None:
         (
             "throughput",
             f"{r.records_per_second:,} day records/s, "
-            f"{r.backup_records_per_second:,} backup records re-parsed/s",
+            f"{r.backup_records_per_second:,} backup records read/s",
         ),
         ("peak RSS total", f"{r.job.peak_rss_total_mb:,} MB"),
         ("peak RSS JVM", f"{r.job.peak_rss_jvm_mb:,} MB (driver memory {r.job.driver_memory})"),

@@ -3,7 +3,8 @@
 Builds N records as the Arrow batches Spark's Kafka source hands to `mapInArrow` (same events as
 archive_throughput.py, picked at random like ProducerPerformance does), then times, one after the
 other on the same data: the Arrow-to-record conversion of spark_jobs/archive.py, the JSON parser
-alone, and the whole `write_partition` (conversion + parse + Avro + files) into a temp folder.
+alone, and the whole `write_partition` (conversion + parse + Avro + files) into an attempt's
+staging area (`cairn.staging.staged`) in a temp folder, as the Spark job calls it.
 
     .venv/bin/python benchmarks/writer_throughput.py --records 100000 [--profile]
 """
@@ -28,11 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for spark_jobs
 
 from archive_throughput import event_lines, topics_file
 
+from cairn import staging
 from cairn.parsing import KafkaCoords, compile_schema, parse_record
 from cairn.storage import Storage
 from cairn.writer import write_partition
 from spark_jobs.archive import records
 
+ATTEMPT = "bench-writer"  # the attempt id the files' headers name and the staging folder
 BATCH = 5000  # spark.sql.execution.arrow.maxRecordsPerBatch in spark_jobs/archive.py
 SCHEMA = pa.schema(
     [
@@ -89,6 +92,7 @@ def main() -> None:
     data = batches("bench.writer", args.records, args.spread_hours, args.seed)
     schema = compile_schema(cfg.user_schema or {})
     now = datetime.now(UTC)
+    staged = staging.staged(Storage(cfg.root.storage_url), cfg.topic, ATTEMPT)
 
     def convert() -> None:
         for _ in records(iter(data)):
@@ -99,7 +103,7 @@ def main() -> None:
             parse_record(r.value, cfg, schema, KafkaCoords(0, r.offset, r.timestamp), now)
 
     def write() -> None:
-        result = write_partition(records(iter(data)), cfg, Storage(cfg.root.storage_url), now)
+        result = write_partition(records(iter(data)), cfg, staged, now, ATTEMPT)
         print(f"{'':<34} {len(result.files)} files")
 
     n = args.records

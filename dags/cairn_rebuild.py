@@ -71,6 +71,8 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
         def report(chosen: dict) -> dict:
             seq = chosen["claim"]["seq"]
             done = rebuild.read_rebuild(storage(cfg), topic, seq)
+            if done is None or done.attempt_id != chosen["claim"]["attempt_id"]:
+                raise RuntimeError(f"topic {topic}: rebuild link {seq} does not name this run")
             return done.model_dump(mode="json", exclude={"files"}) | {"files": len(done.files)}
 
         chosen = select()
