@@ -19,7 +19,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook, Variable
 from airflow.sdk.exceptions import AirflowFailException
 
-from cairn import fence
+from cairn import fence, staging
 from cairn.config import REPO, TOPICS_FILE, TopicConfig, find_topic, load_topics, resolve
 from cairn.errors import PermanentError
 from cairn.plan import Plan
@@ -107,8 +107,13 @@ class CairnSparkOperator(SparkSubmitOperator):
         if "plan" in self.payload and Plan.model_validate(self.payload["plan"]).empty:
             log.info("%s only records a position: no Spark job", claim.label)
             return
+        archive = storage(cfg)
+        if fence.decided_for(archive, self.topic, claim.chain, claim.seq) == claim.attempt_id:
+            log.info("%s already committed (a retry): finishing its publication", claim.label)
+            staging.publish(archive, self.topic, claim.attempt_id)
+            return
         with fail_fast():
-            fence.check_live(storage(cfg), claim)
+            fence.check_live(archive, claim)
         jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
         if not jars:
             raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")

@@ -100,6 +100,7 @@ def archive(
         processing_time=processing_time,
         created_at=datetime.now(UTC),
         gaps=planned.plan.gaps,
+        parses=cfg.format != "raw",
     )
     fence.check_live(storage, planned.claim)
     manifest.save(storage, attempt)

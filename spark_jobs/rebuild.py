@@ -37,7 +37,10 @@ def rebuild(
 ) -> RebuildManifest:
     """Stage the re-derived files from the chosen backup files, then replace the dates' files."""
     storage = Storage(cfg.root.storage_url, **options)
-    fence.check_live(storage, chosen.claim)
+    claim = chosen.claim
+    if fence.decided_for(storage, claim.topic, "rebuild", claim.seq) == claim.attempt_id:
+        return finish_rebuild(storage, cfg, chosen, [])  # a retry after it committed
+    fence.check_live(storage, claim)
     url = storage.url
     staged_url = staging.staged(storage, chosen.snapshot.topic, chosen.claim.attempt_id).url
 

@@ -60,6 +60,8 @@ class Manifest(BaseModel):
     created_at: datetime
     gaps: list[Gap] = Field(default_factory=list)
     """Offsets lost to retention that this attempt skipped (accept_gaps)."""
+    parses: bool = True
+    """False for raw topics: backup only, nothing partitioned or quarantined."""
 
 
 class VerifyReport(BaseModel):
@@ -112,7 +114,8 @@ def _check(
         by_partition[entry.partition].append(entry)
     read = {p: n for p, n in manifest.records_read.items() if n}
     for p in sorted(set(planned) | set(read) | set(by_partition)):
-        problems += _check_partition(p, planned.get(p), read.get(p, 0), by_partition[p])
+        entries = by_partition[p]
+        problems += _check_partition(p, planned.get(p), read.get(p, 0), entries, manifest.parses)
     return problems
 
 
@@ -147,7 +150,7 @@ def _check_entry(manifest: Manifest, e: FileEntry, storage: Storage, seen: set[s
 
 
 def _check_partition(
-    p: int, planned: tuple[int, int] | None, read: int, entries: list[FileEntry]
+    p: int, planned: tuple[int, int] | None, read: int, entries: list[FileEntry], parses: bool
 ) -> list[str]:
     if planned is None:
         return [f"partition {p} has files or records read but nothing was planned"]
@@ -167,7 +170,7 @@ def _check_partition(
     parsed = sum(e.records for e in entries if e.kind != "backup")
     if backed_up != read:
         problems.append(f"partition {p}: {read} records read, {backed_up} in backup")
-    if parsed != backed_up:
+    if parsed != (backed_up if parses else 0):
         problems.append(
             f"partition {p}: {backed_up} records in backup, {parsed} partitioned + quarantined"
         )

@@ -224,12 +224,18 @@ def finish_rebuild(
 ) -> RebuildManifest:
     """Replace R's files by the re-derived ones, or refuse and change nothing (see module doc)."""
     claim = chosen.claim
+    topic = chosen.snapshot.topic
+    if fence.decided_for(storage, topic, "rebuild", claim.seq) == claim.attempt_id:
+        # A retry after this attempt committed: its staging may be half published already, so
+        # checking it again would fail and discard the rest. Only publishing is left to do.
+        staging.publish(storage, topic, claim.attempt_id)
+        return read_rebuild(storage, topic, claim.seq)
     try:
         manifest = _decide(storage, cfg, chosen, results)
     except PermanentError:
-        staging.discard(storage, chosen.snapshot.topic, claim.attempt_id)
+        staging.discard(storage, topic, claim.attempt_id)
         raise
-    staging.publish(storage, chosen.snapshot.topic, claim.attempt_id)
+    staging.publish(storage, topic, claim.attempt_id)
     return manifest
 
 
@@ -279,9 +285,8 @@ def _decide(
         removed=sorted(old - new),
         created_at=datetime.now(UTC),
     )
-    if fence.decided_for(storage, snap.topic, "rebuild", claim.seq) != claim.attempt_id:
-        publication = staging.Publication(move=sorted(new), delete=manifest.removed)
-        staging.prepare(storage, snap.topic, claim.attempt_id, publication)
+    publication = staging.Publication(move=sorted(new), delete=manifest.removed)
+    staging.prepare(storage, snap.topic, claim.attempt_id, publication)
     fence.commit(storage, claim, manifest.model_dump_json(indent=2).encode())
     return manifest
 

@@ -146,7 +146,7 @@ class Storage:
         folder = prefix.rstrip("/") + "/"
         bound = folder + start_after
         if self.is_local:
-            return [k for k in self.children(folder) if k > bound]
+            return [k for k in self.children(folder) if k > bound and not k.endswith("/")]
         bucket, _, key_root = self.root.partition("/")
         strip = len(key_root) + 1 if key_root else 0
         folder_key = f"{key_root}/{folder}" if key_root else folder

@@ -4,9 +4,10 @@ per-run cap triggers the next one at once until the backlog is drained."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
-from cairn import tokens
+from cairn import fence, tokens
 from cairn.storage import Storage
 from cairn_stack.demo import create_topic, produce, sample_events
 from tests.conftest import E2E_FIXED, E2E_PREFIX, E2E_TOPIC, e2e_topics
@@ -80,7 +81,26 @@ def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(
     assert folders_of(contents) == expected_folders(times)
     assert_exactly_once(contents, all_offsets({0: 20}))
     summary = airflow.xcom(dag_id, runs[0]["dag_run_id"], "report")
-    assert summary["day"] in ("2024-05-01", "2024-05-02") and summary["files"] > 0
+    assert summary["dates"] in (["2024-05-01"], ["2024-05-02"]) and summary["files"] > 0
+
+    # Unpaused, the DAG also got a run of its own for the latest day: it rebuilt nothing.
+    scheduled = wait_for_scheduled_run(airflow, dag_id)
+    assert scheduled["state"] == "success"
+    links = fence.link_seqs(storage, E2E_FIXED, "rebuild")
+    assert links == [1, 2, 3, 4]  # two backfill runs, each cleared once; none scheduled
+    assert storage.children(f"_rebuilds/{E2E_FIXED}/") == [
+        f"_rebuilds/{E2E_FIXED}/{seq:012d}.json" for seq in links
+    ]
+
+
+def wait_for_scheduled_run(airflow, dag_id: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = [r for r in airflow.runs(dag_id) if r["run_type"] == "scheduled"]
+        if runs and runs[0]["state"] in ("success", "failed"):
+            return runs[0]
+        time.sleep(3)
+    raise TimeoutError(f"no finished scheduled run of {dag_id} in {timeout}s")
 
 
 def expected_folders(times: dict) -> dict[str, str]:

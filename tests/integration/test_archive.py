@@ -4,12 +4,14 @@ commit races, rewinds, new partitions and bad input."""
 from __future__ import annotations
 
 import json
+import textwrap
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from cairn import tokens
+from cairn.config import find_topic
 from cairn.fence import Fenced
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
@@ -222,3 +224,27 @@ def test_bad_input_is_kept_verbatim_and_quarantined_with_reasons(
     assert "tombstone" in reasons[b"tombstone"]
     assert summary.counts.quarantined == 7 and summary.counts.partitioned == 2
     assert all("/" not in folder.replace("/hr=", "") for folder, _ in contents.partitioned)
+
+
+def test_a_raw_topic_is_archived_verbatim_to_backup_only(
+    kafka, archiver, make_cfg, topic_name, tmp_path
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    values = [b"\x00\x01binary", b"not json", None]
+    produce(kafka, topic_name, values, partition=0)
+    entry = f"""
+        topics:
+          - topic: {topic_name}
+            format: raw
+            archive_root: {(tmp_path / "raw").as_uri()}
+        """
+    path = tmp_path / "raw.yaml"
+    path.write_text(textwrap.dedent(entry))
+    cfg = find_topic(topic_name, path)
+
+    summary = archiver.run(cfg)
+
+    contents = read_archive(archiver.storage(cfg), topic_name)
+    assert [r["value"] for r in contents.backup] == values
+    assert contents.partitioned == [] and contents.quarantine == []
+    assert summary.counts.backup == 3 and summary.counts.partitioned == 0

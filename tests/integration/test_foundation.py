@@ -63,6 +63,39 @@ def test_storage_write_read_list_delete(storage: Storage) -> None:
     assert storage.list() == ["backup/t/partition=1/b.avro"]
 
 
+def test_storage_lists_children_and_keys_after_a_bound(storage: Storage) -> None:
+    for offset in (0, 5, 12, 40):
+        storage.write(f"backup/t/partition=0/1_0_{offset:020d}.avro", b"x")
+    storage.write("backup/t/partition=0/sub/deeper.avro", b"x")
+
+    after = storage.list_after("backup/t/partition=0", f"1_0_{12:020d}")
+    assert after == [
+        f"backup/t/partition=0/1_0_{12:020d}.avro",
+        f"backup/t/partition=0/1_0_{40:020d}.avro",
+    ]  # only direct children, from the bound on
+    assert storage.children("backup/t/") == ["backup/t/partition=0/"]
+    assert storage.children("backup/t/partition=0/")[-1] == "backup/t/partition=0/sub/"
+    assert storage.list_after("nothing/here", "") == [] and storage.children("nothing/") == []
+
+
+def test_storage_moves_reads_heads_and_deletes_folders(storage: Storage) -> None:
+    storage.write("_attempts/t/a1/backup/t/partition=0/x.avro", b"0123456789")
+    staged = storage.child("_attempts/t/a1")
+    assert staged.read("backup/t/partition=0/x.avro") == b"0123456789"
+    assert storage.read_head("_attempts/t/a1/backup/t/partition=0/x.avro", 4) == b"0123"
+
+    storage.move("_attempts/t/a1/backup/t/partition=0/x.avro", "backup/t/partition=0/x.avro")
+    storage.move("_attempts/t/a1/backup/t/partition=0/x.avro", "backup/t/partition=0/x.avro")
+
+    assert storage.read("backup/t/partition=0/x.avro") == b"0123456789"
+    storage.write("_attempts/t/a1/other/y", b"y")
+    storage.delete_prefix("_attempts/t/a1/")
+    storage.delete_prefix("_attempts/t/a1/")  # twice is fine
+    assert storage.list() == ["backup/t/partition=0/x.avro"]
+    with pytest.raises(FileNotFoundError):
+        storage.move("_attempts/t/a2/missing", "backup/t/partition=0/missing.avro")
+
+
 def test_storage_create_is_atomic_create_if_absent(storage: Storage) -> None:
     storage.create("_tokens/t/000000000001.json", b'{"seq": 1}')
     with pytest.raises(ObjectExists):

@@ -1,5 +1,5 @@
-"""Rebuilding dates from the backup with real Spark: parser fixes, late data, generations, and a
-rebuild racing an archive run of the same date."""
+"""Rebuilding dates from the backup with real Spark: parser fixes, late data, generations, a
+date range as one operation, and a rebuild racing an archive run of the same date."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_parser_bug_is_fixed_by_rebuilding_the_affected_dates(
     assert any(folder.startswith("dt=2024-05-02") for folder in wrong.values())
 
     fixed = make_cfg(topic_name)  # event_time: ts
-    for day in (DAY, DAY + timedelta(days=1)):
+    for day in (DAY, DAY + timedelta(days=1)):  # one date at a time, as a backfill's runs do
         archiver.rebuild(fixed, day)
 
     contents = read_archive(storage, topic_name)
@@ -70,6 +70,9 @@ def test_late_event_lands_in_its_date_and_its_rebuild_reads_only_its_backup_file
 
     assert len(backups) == 6
     assert [s.key for s in chosen.sources] == [layout.backup_key(topic_name, 1, 1, 5)]
+    assert chosen.sources[0].files == [
+        k for k in storage.list(f"partitioned/{topic_name}/dt=2019-04-02/")
+    ]
     contents = read_archive(storage, topic_name)
     assert_exactly_once(contents, all_offsets({0: 15, 1: 16}))
     assert [r["event_id"] for f, r in contents.partitioned if f.startswith("dt=2019")] == ["e999"]
@@ -86,7 +89,7 @@ def test_archive_run_committing_during_a_rebuild_of_the_same_date_keeps_both(
 
     # The rebuild takes its snapshot, then late data for the same date is archived and committed
     # before the rebuild's Spark job writes and replaces the date's files.
-    chosen = rebuild.select(storage, cfg, DAY)
+    chosen = rebuild.select(storage, cfg, [DAY], "racing")
     produce(kafka, topic_name, [event(i, NOON) for i in range(10, 15)], partition=0)
     archiver.run(cfg)
 
@@ -118,3 +121,26 @@ def test_generation_bump_then_rebuild_leaves_only_the_new_generation_in_that_dat
     }
     assert generations == {("dt=2024-05-01", 2), ("dt=2024-05-04", 1)}
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 3}))
+
+
+def test_a_date_range_is_rebuilt_as_one_operation_when_a_fix_moves_records_across_midnight(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    """A timezone fix moves late-evening events to the next date: one rebuild of both dates
+    files every record once, and a second rebuild of the range changes nothing."""
+    create_topic(kafka, topic_name, partitions=1)
+    times = [NOON + timedelta(hours=h) for h in (0, 3, 6, 9, 11, 13)]  # 12:00 .. 01:00 (+1)
+    produce(kafka, topic_name, [event(i, ts) for i, ts in enumerate(times)], partition=0)
+    archiver.run(make_cfg(topic_name))
+    storage = archiver.storage(make_cfg(topic_name))
+    fixed = make_cfg(topic_name, "timezone: Asia/Tokyo\n")  # UTC+9
+
+    archiver.rebuild(fixed, DAY, DAY + timedelta(days=1))
+
+    contents = read_archive(storage, topic_name)
+    assert_exactly_once(contents, all_offsets({0: 6}))
+    tokyo = [ts.astimezone(fixed.tzinfo).strftime("dt=%Y-%m-%d/hr=%H") for ts in times]
+    assert sorted(folder for folder, _ in contents.partitioned) == sorted(tokyo)
+    files = {k: storage.read(k) for k in storage.list(f"partitioned/{topic_name}/")}
+    archiver.rebuild(fixed, DAY, DAY + timedelta(days=1), DAY + timedelta(days=2))
+    assert {k: storage.read(k) for k in storage.list(f"partitioned/{topic_name}/")} == files

@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient
 
 from cairn import manifest, tokens
 from cairn.cli import main as cli
-from cairn.plan import OffsetAheadOfKafka, RetentionGap
+from cairn.plan import RetentionGap, TopicRecreated
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, event
@@ -63,7 +63,7 @@ def test_records_deleted_before_archiving_fail_the_run_naming_the_range(
     assert offsets == [(0, o) for o in [*range(5), *range(12, 20)]]
 
 
-def test_offset_ahead_of_kafka_explains_a_recreated_topic(
+def test_a_recreated_topic_with_fewer_records_is_named_as_recreated(
     kafka, archiver, archived_twice, topic_name
 ) -> None:
     admin = AdminClient({"bootstrap.servers": kafka})
@@ -76,7 +76,7 @@ def test_offset_ahead_of_kafka_explains_a_recreated_topic(
             time.sleep(0.2)
     produce(kafka, topic_name, [event(0, NOW)], partition=0)
 
-    with pytest.raises(OffsetAheadOfKafka, match="recreated"):
+    with pytest.raises(TopicRecreated, match="deleted and recreated"):
         archiver.run(archived_twice)
 
 

@@ -5,19 +5,24 @@ import pytest
 
 from cairn.layout import (
     DataFile,
+    attempt_prefix,
     backup_key,
+    chain_key,
+    check_id,
     check_path_format,
     check_topic,
+    claim_key,
+    claim_numbers,
     data_prefixes,
     event_folder,
     folder_date,
     is_safe_folder,
+    link_seq,
     manifest_key,
     parse_data_key,
     partitioned_key,
     quarantine_key,
     token_key,
-    token_seq,
 )
 
 
@@ -32,6 +37,10 @@ def test_keys_follow_the_documented_layout():
         "quarantine/orders/dt=2024-05-01/1_0_00000000000000000007.avro"
     )
     assert token_key("orders", 12) == "_tokens/orders/000000000012.json"
+    assert chain_key("orders", "archive", 12) == token_key("orders", 12)
+    assert chain_key("orders", "rebuild", 3) == "_rebuilds/orders/000000000003.json"
+    assert claim_key("orders", "rebuild", 3, 2) == "_claims/orders/rebuild/000000000003-000002.json"
+    assert attempt_prefix("orders", "a-1") == "_attempts/orders/a-1/"
     assert manifest_key("orders", "run-1.try2") == "_manifests/orders/run-1.try2.json"
     assert data_prefixes("a.b") == ["backup/a.b/", "partitioned/a.b/", "quarantine/a.b/"]
 
@@ -100,11 +109,35 @@ def test_bad_coordinates_and_ids_are_refused():
         partitioned_key("t", 1, 0, 0, "dt=2024/../../etc")
 
 
-def test_token_seq_reads_only_token_keys():
-    assert token_seq(token_key("t", 5)) == 5
-    assert token_seq("_tokens/t/5.json") is None
-    assert token_seq("_tokens/t/000000000005.json.tmp") is None
-    assert token_seq("_tokens/a/b/000000000005.json") is None
+def test_link_seq_reads_only_link_keys():
+    assert link_seq(token_key("t", 5)) == 5
+    assert link_seq(chain_key("t", "rebuild", 7)) == 7
+    assert link_seq("_tokens/t/5.json") is None
+    assert link_seq("_tokens/t/000000000005.json.tmp") is None
+    assert link_seq(claim_key("t", "archive", 5, 1)) is None
+
+
+def test_claim_numbers_invert_claim_keys_and_nothing_else():
+    assert claim_numbers(claim_key("t", "archive", 5, 12)) == (5, 12)
+    assert claim_numbers(token_key("t", 5)) is None
+    assert claim_numbers("_claims/t/archive/000000000005-1.json") is None
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "a/b", "a b", "x" * 201])
+def test_unsafe_attempt_ids_are_refused(bad):
+    with pytest.raises(ValueError):
+        check_id(bad)
+    with pytest.raises(ValueError):
+        attempt_prefix("t", bad)
+
+
+def test_link_and_claim_numbers_out_of_range_are_refused():
+    with pytest.raises(ValueError):
+        chain_key("t", "archive", 10**12)
+    with pytest.raises(ValueError):
+        claim_key("t", "archive", 1, 0)
+    with pytest.raises(ValueError):
+        claim_key("t", "archive", 1, 10**6)
 
 
 @pytest.mark.parametrize(

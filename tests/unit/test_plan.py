@@ -7,11 +7,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from cairn.errors import PermanentError
 from cairn.plan import (
     OffsetAheadOfKafka,
     PartitionVanished,
     Plan,
     RetentionGap,
+    TopicRecreated,
     Watermarks,
     kafka_assign_json,
     kafka_json_offsets,
@@ -109,6 +111,19 @@ def test_token_ahead_of_kafka_explains_recreated_topic():
     message = str(err.value)
     assert "'orders' partition 0" in message and "500" in message and "100" in message
     assert "recreated" in message and "aside" in message
+
+
+def test_a_topic_recreated_under_the_same_name_is_refused_naming_both_ids():
+    token = make_token(3, {0: 10}, topic_id="id-old")
+    args = ("orders", token, wm(p0=(0, 50)), 1000, "earliest", False)
+
+    with pytest.raises(TopicRecreated, match=r"id id-old.*now has id id-new") as err:
+        plan(*args, topic_id="id-new")
+    assert isinstance(err.value, PermanentError)  # a retry would only repeat it
+    assert plan(*args, topic_id="id-old").ranges == {0: (10, 50)}
+    assert plan(*args, topic_id=None).ranges == {0: (10, 50)}  # Kafka did not say
+    older = make_token(3, {0: 10})  # a token from before topic ids were recorded
+    assert plan("orders", older, wm(p0=(0, 50)), 1000, "earliest", False, "id-new").ranges
 
 
 def test_partition_that_vanished_from_kafka_is_an_error():

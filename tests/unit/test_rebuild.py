@@ -1,34 +1,36 @@
-"""Rebuilding a date from the backup, against a real local Storage holding an archive written the
-way the pipeline writes it: write_partition per partition, a saved manifest, a committed token."""
+"""Rebuilding dates from the backup, against a real local Storage holding an archive committed the
+way the pipeline commits it (`archive_run`): claim, stage, verify, commit, publish."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 
 import fastavro
 import pytest
 
-from cairn import manifest, tokens
+from cairn import fence, staging, tokens
+from cairn.avro import BACKUP_SCHEMA
 from cairn.config import TopicConfig, load_topics
-from cairn.layout import event_folder, folder_date, parse_data_key
-from cairn.manifest import Manifest, VerificationFailed
+from cairn.fence import Fenced
+from cairn.layout import event_folder, folder_date, parse_data_key, partitioned_key
+from cairn.manifest import VerificationFailed
 from cairn.rebuild import (
+    RebuildManifest,
     RebuildRefused,
     RebuildResult,
-    Snapshot,
-    Source,
+    Selection,
     finish_rebuild,
-    newest_rebuild,
+    load_selection,
+    read_rebuild,
     rebuild_source,
-    select_sources,
-    take_snapshot,
+    select,
     verify_rebuild,
 )
 from cairn.storage import Storage
-from cairn.writer import KafkaRecord, write_partition
+from cairn.writer import KafkaRecord
+from tests.unit.conftest import archive_run
 
 TOPIC = "orders"
 SCHEMA = {
@@ -58,60 +60,11 @@ def config(tmp_path, **extra) -> TopicConfig:
     return loaded.topics[0]
 
 
-def rec(partition: int, offset: int, ts: str | int | None) -> KafkaRecord:
+def rec(partition: int, offset: int, ts: str | int | None, id: str | int = "x") -> KafkaRecord:
     """An event at `ts`; "bad" makes a value the parser refuses, None a tombstone."""
-    value = None if ts is None else b"{bad" if ts == "bad" else json.dumps({"id": "x", "ts": ts})
+    value = None if ts is None else b"{bad" if ts == "bad" else json.dumps({"id": id, "ts": ts})
     encoded = value.encode() if isinstance(value, str) else value
     return KafkaRecord(TOPIC, partition, offset, 1_700_000_000_000 + offset, 0, b"k", encoded)
-
-
-def utc_day(r: KafkaRecord) -> date | None:
-    """The UTC event date of an ISO event; None for records the parser refuses."""
-    try:
-        return datetime.fromisoformat(json.loads(r.value)["ts"]).date()
-    except (TypeError, ValueError):
-        return None
-
-
-def archive_run(storage: Storage, cfg: TopicConfig, at: datetime, records: list) -> str:
-    """One committed archive run, as the pipeline does it: write, manifest, verify, commit."""
-    prev = tokens.newest(storage, TOPIC)
-    seq = tokens.next_seq(prev)
-    base = prev.next_offsets if prev else {}
-    partitions = sorted({r.partition for r in records})
-    results = [
-        write_partition([r for r in records if r.partition == p], cfg, storage, at)
-        for p in partitions
-    ]
-    done = dict(zip(partitions, results, strict=True))
-    ranges = {p: (base.get(p, 0), r.files[0].last_offset + 1) for p, r in done.items()}
-    attempt = Manifest(
-        topic=TOPIC,
-        attempt_id=f"{seq:012d}-test",
-        run_id=f"run-{seq}",
-        generation=cfg.generation,
-        ranges=ranges,
-        records_read={p: r.records for p, r in done.items()},
-        files=[e for r in results for e in r.files],
-        processing_time=at,
-        created_at=at,
-    )
-    key = manifest.save(storage, attempt)
-    report = manifest.verify(attempt, ranges, storage)
-    token = tokens.Token(
-        seq=seq,
-        topic=TOPIC,
-        generation=cfg.generation,
-        next_offsets=base | {p: end for p, (_, end) in ranges.items()},
-        previous_offsets=base,
-        counts=report.counts,
-        manifest=key,
-        run_id=attempt.run_id,
-        created_at=at,
-        planned_at=at,
-    )
-    tokens.commit(storage, token)
-    return key
 
 
 def at(iso: str) -> datetime:
@@ -156,20 +109,23 @@ RUNS = [
 ]
 
 
-def build_archive(storage: Storage, cfg: TopicConfig) -> list[str]:
-    return [archive_run(storage, cfg, when, records) for when, records in RUNS]
+def build_archive(storage: Storage, cfg: TopicConfig) -> None:
+    for when, records in RUNS:
+        archive_run(storage, cfg, when, records)
 
 
-def rebuild(
-    storage: Storage, cfg: TopicConfig, day: date, **select
-) -> tuple[list[str], list[RebuildResult]]:
-    """The rebuild DAG's steps for one date; returns the deleted keys and the per-source results."""
-    snap = take_snapshot(storage, TOPIC)
-    assert snap is not None
-    sources = select_sources(storage, cfg, snap, day, **select)
-    results = [rebuild_source(s, cfg, storage, day) for s in sources]
-    new = [e for r in results for e in r.files]
-    return finish_rebuild(storage, cfg, snap, day, new, sources), results
+def rebuild_all(storage: Storage, cfg: TopicConfig, chosen: Selection) -> list[RebuildResult]:
+    """The Spark job's tasks: every source re-derived into the rebuild's staging area."""
+    staged = staging.staged(storage, TOPIC, chosen.claim.attempt_id)
+    return [rebuild_source(source, cfg, storage, staged) for source in chosen.sources]
+
+
+def rebuild(storage: Storage, cfg: TopicConfig, *days: date) -> RebuildManifest | None:
+    """One rebuild operation as the rebuild DAG drives it: select, re-derive, finish."""
+    chosen = select(storage, cfg, days, "rebuild-run")
+    if chosen is None:
+        return None
+    return finish_rebuild(storage, cfg, chosen, rebuild_all(storage, cfg, chosen))
 
 
 def read(storage: Storage, key: str) -> list[dict]:
@@ -177,8 +133,18 @@ def read(storage: Storage, key: str) -> list[dict]:
         return list(fastavro.reader(f))
 
 
+def data_files(storage: Storage) -> dict[str, bytes]:
+    """Every data file and its bytes: what a refused rebuild must leave exactly as it was."""
+    return {k: storage.read(k) for k in storage.list() if parse_data_key(k)}
+
+
 def placed(storage: Storage, kind: str) -> dict[str, list[dict]]:
     return {k: read(storage, k) for k in storage.list(f"{kind}/{TOPIC}/")}
+
+
+def filed_date(key: str) -> date:
+    """The date a partitioned or quarantine key is filed under (default path format)."""
+    return folder_date(parse_data_key(key).folder.split("/hr=")[0], "dt=%Y-%m-%d")
 
 
 def day_keys(storage: Storage, day: date) -> list[str]:
@@ -186,190 +152,197 @@ def day_keys(storage: Storage, day: date) -> list[str]:
     return [
         k
         for k in storage.list("partitioned/") + storage.list("quarantine/")
-        if (f := parse_data_key(k)) and folder_date(f.folder.split("/hr=")[0], "dt=%Y-%m-%d") == day
+        if parse_data_key(k) and filed_date(k) == day
     ]
+
+
+FIELDS = {
+    "backup": ("partition", "offset"),
+    "partitioned": ("_kafka_partition", "_kafka_offset"),
+    "quarantine": ("partition", "offset"),
+}
+"""Where each kind of file keeps a record's Kafka partition and offset."""
 
 
 def coordinates(storage: Storage, kind: str) -> Counter:
     """How often each (partition, offset) appears in `kind`'s files."""
-    names = (
-        ("partition", "offset") if kind != "partitioned" else ("_kafka_partition", "_kafka_offset")
-    )
-    rows = (row for rows in placed(storage, kind).values() for row in rows)
-    return Counter((row[names[0]], row[names[1]]) for row in rows)
+    p, o = FIELDS[kind]
+    return Counter((row[p], row[o]) for rows in placed(storage, kind).values() for row in rows)
 
 
-def assert_exactly_once_in_place(storage: Storage, cfg: TopicConfig) -> None:
-    """Every backup record once in partitioned-or-quarantine, filed where `cfg` files it."""
+def where(storage: Storage) -> dict[tuple[int, int], str]:
+    """The file holding each parsed or quarantined record."""
+    found = {}
+    for kind in ("partitioned", "quarantine"):
+        p, o = FIELDS[kind]
+        for key, rows in placed(storage, kind).items():
+            found |= {(row[p], row[o]): key for row in rows}
+    return found
+
+
+def assert_exactly_once(storage: Storage) -> None:
+    """Every backup record once in partitioned-or-quarantine, nothing else there."""
     backed_up = coordinates(storage, "backup")
     assert set(backed_up.values()) == {1}
     assert coordinates(storage, "partitioned") + coordinates(storage, "quarantine") == backed_up
-    if cfg.event_time is not None:
-        for key, rows in placed(storage, "partitioned").items():
+
+
+def assert_in_place(storage: Storage, cfg: TopicConfig, keys: list[str] | None = None) -> None:
+    """The files (all if `keys` is None) hold only records `cfg` files there."""
+    for key, rows in placed(storage, "partitioned").items():
+        if keys is None or key in keys:
             for row in rows:
                 when = datetime.fromtimestamp(row["_event_time"] / 1000, UTC)
                 assert event_folder(cfg.path_format, when, cfg.tzinfo) == parse_data_key(key).folder
     for key, rows in placed(storage, "quarantine").items():
-        for row in rows:
-            processed = datetime.fromtimestamp(row["processing_time"] / 1000, cfg.tzinfo)
-            assert f"dt={processed.date()}" == parse_data_key(key).folder, (key, row)
+        if keys is None or key in keys:
+            for row in rows:
+                processed = datetime.fromtimestamp(row["processing_time"] / 1000, cfg.tzinfo)
+                assert f"dt={processed.date()}" == parse_data_key(key).folder, (key, row)
 
 
-def stamps(storage: Storage, keys: list[str]) -> dict[str, int]:
-    return {k: os.stat(storage.path(k)).st_mtime_ns for k in keys}
+def test_select_groups_the_dates_files_by_the_backup_file_named_in_their_headers(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+
+    chosen = select(storage, config(tmp_path), [D2], "rebuild-run")
+
+    assert chosen == load_selection(storage, chosen.claim.key)  # Spark reads it by reference
+    assert (chosen.claim.chain, chosen.claim.seq, chosen.dates) == ("rebuild", 1, [D2])
+    assert (chosen.snapshot.seq, chosen.snapshot.next_offsets) == (3, {0: 11, 1: 7})
+    backup = {s.key: (s.partition, s.processing_time) for s in chosen.sources}
+    assert backup == {
+        f"backup/{TOPIC}/partition=0/1_0_{0:020d}.avro": (0, RUNS[0][0]),
+        f"backup/{TOPIC}/partition=0/1_0_{5:020d}.avro": (0, RUNS[1][0]),
+        f"backup/{TOPIC}/partition=1/1_1_{0:020d}.avro": (1, RUNS[0][0]),
+        f"backup/{TOPIC}/partition=1/1_1_{3:020d}.avro": (1, RUNS[1][0]),
+    }
+    assert sorted(k for s in chosen.sources for k in s.files) == sorted(day_keys(storage, D2))
 
 
-def test_snapshot_is_the_newest_token_and_every_surviving_manifest(tmp_path, storage):
-    assert take_snapshot(storage, TOPIC) is None
-    manifests = build_archive(storage, config(tmp_path))
-    snap = take_snapshot(storage, TOPIC)
-    assert (snap.seq, snap.next_offsets, snap.manifests) == (3, {0: 11, 1: 7}, manifests)
-    assert Snapshot.model_validate_json(snap.model_dump_json()) == snap
+def test_nothing_filed_under_the_dates_claims_nothing(tmp_path, storage):
+    cfg = config(tmp_path)
+    assert select(storage, cfg, [D2], "rebuild-run") is None  # no token yet
+    build_archive(storage, cfg)
+
+    assert select(storage, cfg, [date(2024, 7, 1)], "rebuild-run") is None
+    assert storage.list(f"_claims/{TOPIC}/rebuild/") == []
 
 
-def test_rebuild_of_a_day_holds_exactly_its_records_and_leaves_other_days(tmp_path, storage):
+def test_rebuild_with_the_same_config_rewrites_every_file_byte_for_byte(tmp_path, storage):
     cfg = config(tmp_path)
     build_archive(storage, cfg)
-    others = [k for k in storage.list() if k not in day_keys(storage, D2)]
-    before = stamps(storage, others)
+    before = data_files(storage)
 
-    deleted, results = rebuild(storage, cfg, D2)
+    done = rebuild(storage, cfg, D2)
 
-    assert deleted == []  # same generation and parser: the same names, rewritten in place
-    parsed = [k for k in day_keys(storage, D2) if k.startswith("partitioned/")]
-    rows = [
-        (row["_kafka_partition"], row["_kafka_offset"]) for k in parsed for row in read(storage, k)
-    ]
-    expected = [(r.partition, r.offset) for _, rs in RUNS for r in rs if utc_day(r) == D2]
-    assert sorted(rows) == sorted(expected)
-    [quarantine] = [k for k in day_keys(storage, D2) if k.startswith("quarantine/")]
-    assert [row["offset"] for row in read(storage, quarantine)] == [3]  # processed on D2
-    assert sum(r.partitioned for r in results) == len(expected)
-    assert stamps(storage, others) == before  # other dates (and the backup) untouched
-    assert_exactly_once_in_place(storage, cfg)
-    assert newest_rebuild(storage, TOPIC, D2).files == [e for r in results for e in r.files]
+    assert done.removed == []  # same generation and parser: the same names
+    assert sorted(e.key for e in done.files) == sorted(day_keys(storage, D2))
+    assert data_files(storage) == before
+    assert read_rebuild(storage, TOPIC, 1) == done
+    assert storage.list("_attempts/") == []
 
 
-def test_late_day_reads_only_the_backup_file_holding_it(tmp_path, storage):
-    cfg = config(tmp_path)
-    build_archive(storage, cfg)
-    snap = take_snapshot(storage, TOPIC)
-    [source] = select_sources(storage, cfg, snap, LATE)
-    assert (source.partition, source.first_offset, source.last_offset) == (1, 3, 5)
-    assert source.processing_date == D3
-    assert Source.model_validate_json(source.model_dump_json()) == source
-    assert len(storage.list("backup/")) == 6
+def test_late_date_reads_only_the_backup_file_holding_it(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
 
-    rebuild(storage, config(tmp_path, generation=2), LATE)
+    chosen = select(storage, cfg, [LATE], "rebuild-run")
+    [source] = chosen.sources
+    assert (source.key, source.partition) == (f"backup/{TOPIC}/partition=1/1_1_{3:020d}.avro", 1)
+    [result] = rebuild_all(storage, cfg, chosen)
+    assert (result.expected, result.records, result.missing) == (1, 1, [])
+    finish_rebuild(storage, cfg, chosen, [result])
+
     [key] = day_keys(storage, LATE)
     assert parse_data_key(key).gen == 2
     assert [row["_kafka_offset"] for row in read(storage, key)] == [3]
 
 
-def test_parser_fix_rebuilding_the_affected_dates_files_every_record_once(tmp_path, storage):
+def test_generation_bump_leaves_only_the_new_generation_in_the_dates(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    old = day_keys(storage, D2)
+    others = {k: v for k, v in data_files(storage).items() if k not in old}
+
+    done = rebuild(storage, cfg, D2)
+
+    assert sorted(done.removed) == sorted(old)
+    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
+    assert {k: v for k, v in data_files(storage).items() if k in others} == others
+    assert_exactly_once(storage)
+    assert_in_place(storage, cfg)
+
+
+def test_a_record_moved_outside_the_rebuilt_dates_is_written_there_once(tmp_path, storage):
     build_archive(storage, config(tmp_path))  # the topic's timezone was wrong: UTC
+    tokyo = config(tmp_path, timezone="Asia/Tokyo")
+    d2_before = {k: v for k, v in data_files(storage).items() if k in day_keys(storage, D2)}
+
+    done = rebuild(storage, tokyo, D1)
+
+    # 2024-06-01T23:30Z is June 2, 08:30 in Tokyo: filed under D2 now, in a file of its own
+    moved = partitioned_key(TOPIC, 1, 0, 1, "dt=2024-06-02/hr=08")
+    assert where(storage)[0, 1] == moved and moved in [e.key for e in done.files]
+    assert partitioned_key(TOPIC, 1, 0, 1, "dt=2024-06-01/hr=23") in done.removed
+    assert {k: v for k, v in data_files(storage).items() if k in d2_before} == d2_before
+    assert_exactly_once(storage)
+    assert_in_place(storage, tokyo, [*day_keys(storage, D1), moved])
+
+
+def test_a_quarantined_record_that_gains_an_event_time_leaves_quarantine(tmp_path, storage):
+    strict = config(tmp_path)  # "id" must be a string
+    records = [rec(0, 0, "2024-06-02T04:00:00Z"), rec(0, 1, "2024-06-03T05:00:00Z", id=7)]
+    archive_run(storage, strict, at("2024-06-02T06:00"), records)
+    [quarantined] = storage.list("quarantine/")
+    loose = {**SCHEMA, "fields": [{"name": "id", "type": ["string", "long"]}, SCHEMA["fields"][1]]}
+    (tmp_path / "loose.avsc").write_text(json.dumps(loose))
+    fixed = config(tmp_path, schema="loose.avsc")
+
+    done = rebuild(storage, fixed, D2)  # the quarantine's date
+
+    assert done.removed == [quarantined]
+    assert storage.list("quarantine/") == []
+    assert where(storage)[0, 1] == partitioned_key(TOPIC, 1, 0, 1, "dt=2024-06-03/hr=05")
+    assert_exactly_once(storage)
+    assert_in_place(storage, fixed)
+
+
+def test_a_date_range_rebuilt_as_one_operation_files_its_records_where_the_fix_says(
+    tmp_path, storage
+):
+    build_archive(storage, config(tmp_path))
+    late = day_keys(storage, LATE)
     fixed = config(tmp_path, timezone="America/New_York")
-    # Midnight-adjacent events and quarantine move a day back; 2019-04-02T01Z to 2019-04-01.
-    affected = [LATE - timedelta(days=1), LATE, D1, D2, D3, D4]
-    for day in reversed(affected):
-        rebuild(storage, fixed, day)
-    assert_exactly_once_in_place(storage, fixed)
-    assert day_keys(storage, LATE) == []
-    assert [k for k in storage.list("quarantine/")] == [
+
+    done = rebuild(storage, fixed, D1, D2, D3, D4)
+
+    assert (done.seq, done.dates) == (1, [D1, D2, D3, D4])
+    assert fence.link_seqs(storage, TOPIC, "rebuild") == [1]
+    assert day_keys(storage, LATE) == late  # not in the range: left where it was
+    assert_exactly_once(storage)
+    assert_in_place(storage, fixed, [k for k in where(storage).values() if k not in late])
+    assert storage.list("quarantine/") == [
         f"quarantine/{TOPIC}/dt=2024-06-01/1_0_{3:020d}.avro",  # processed 2024-06-01 21:00 NY
         f"quarantine/{TOPIC}/dt=2024-06-02/1_0_{7:020d}.avro",
         f"quarantine/{TOPIC}/dt=2024-06-04/1_0_{10:020d}.avro",
     ]
 
 
-def test_the_margin_covers_a_fix_that_shifts_event_times_by_hours(tmp_path, storage):
-    """Naive ISO times read in the wrong timezone: their instants move by nine hours."""
-    naive = [rec(0, 0, "2024-06-01T22:00:00"), rec(1, 0, "2024-06-01T03:00:00")]
-    archive_run(storage, config(tmp_path), at("2024-07-15T12:00"), naive)
-    tokyo = config(tmp_path, timezone="Asia/Tokyo")
-    with pytest.raises(RebuildRefused, match=f"1_0_{0:020d}"):  # 22:00Z is June 2 in Tokyo
-        rebuild(storage, tokyo, D1, margin=timedelta(0))
-    rebuild(storage, tokyo, D1)
-    assert_exactly_once_in_place(storage, tokyo)
-
-
-def test_generation_bump_leaves_only_the_new_generation_in_the_day(tmp_path, storage):
+def test_rebuilding_the_affected_dates_one_by_one_also_files_every_record_once(tmp_path, storage):
     build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    old = day_keys(storage, D2)
+    fixed = config(tmp_path, timezone="America/New_York")
+    # Midnight-adjacent events and quarantine move a day back; 2019-04-02T01Z to 2019-04-01.
+    for day in (D4, D3, D2, D1, LATE, LATE - timedelta(days=1)):
+        rebuild(storage, fixed, day)
 
-    deleted, _ = rebuild(storage, cfg, D2)
-
-    assert sorted(deleted) == sorted(old)
-    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
-    assert {parse_data_key(k).gen for k in day_keys(storage, D1) + day_keys(storage, D3)} == {1}
-    assert_exactly_once_in_place(storage, cfg)
-
-
-def test_files_committed_after_the_snapshot_are_untouched(tmp_path, storage):
-    build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    snap = take_snapshot(storage, TOPIC)
-    sources = select_sources(storage, cfg, snap, D2)
-    new = [e for s in sources for e in rebuild_source(s, cfg, storage, D2).files]
-    # Meanwhile an archive run commits late data into the same date, and a crashed attempt
-    # leaves a file there that no token covers.
-    archive_run(storage, cfg, at("2024-06-04T10:00"), [rec(1, 7, "2024-06-02T06:00:00Z")])
-    late = [k for k in day_keys(storage, D2) if parse_data_key(k).first_offset == 7]
-    write_partition([rec(0, 11, "2024-06-02T07:00:00Z")], cfg, storage, at("2024-06-04T11:00"))
-
-    deleted = finish_rebuild(storage, cfg, snap, D2, new, sources)
-
-    assert deleted and all(parse_data_key(k).gen == 1 for k in deleted)
-    assert late and all(storage.exists(k) for k in late)
-    offsets = [parse_data_key(k).first_offset for k in day_keys(storage, D2)]
-    assert 7 in offsets and 11 in offsets
+    assert_exactly_once(storage)
+    assert_in_place(storage, fixed)
+    assert day_keys(storage, LATE) == []
+    assert fence.link_seqs(storage, TOPIC, "rebuild") == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_missing_source_makes_finish_refuse_and_delete_nothing(tmp_path, storage):
-    build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    snap = take_snapshot(storage, TOPIC)
-    sources = select_sources(storage, cfg, snap, D2)
-    kept = [s for s in sources if (s.partition, s.first_offset) != (0, 0)]
-    new = [e for s in kept for e in rebuild_source(s, cfg, storage, D2).files]
-    before = storage.list()
-
-    with pytest.raises(RebuildRefused, match=f"1_0_{2:020d}.avro"):
-        finish_rebuild(storage, cfg, snap, D2, new, kept)
-
-    assert storage.list() == before
-    assert newest_rebuild(storage, TOPIC, D2) is None
-
-
-def test_a_rewind_since_the_snapshot_makes_finish_refuse(tmp_path, storage):
-    build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    snap = take_snapshot(storage, TOPIC)
-    sources = select_sources(storage, cfg, snap, D2)
-    new = [e for s in sources for e in rebuild_source(s, cfg, storage, D2).files]
-    tokens.rewind(storage, TOPIC, low_watermarks=None, count=1)
-    before = storage.list()
-    with pytest.raises(RebuildRefused, match="rewound"):
-        finish_rebuild(storage, cfg, snap, D2, new, sources)
-    assert storage.list() == before
-
-
-def test_rebuilding_the_same_day_twice_changes_nothing(tmp_path, storage):
-    build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    rebuild(storage, cfg, D2)
-    first = {k: read(storage, k) for k in storage.list() if parse_data_key(k)}
-
-    deleted, _ = rebuild(storage, cfg, D2)
-
-    assert deleted == []
-    assert {k: read(storage, k) for k in storage.list() if parse_data_key(k)} == first
-    assert_exactly_once_in_place(storage, cfg)
-
-
-def test_far_moves_need_their_dates_listed_and_later_rebuilds_follow_them(tmp_path, storage):
-    """Epoch seconds read as millis file June events in January 1970, far past any margin."""
+def test_records_moved_far_away_are_followed_by_later_rebuilds(tmp_path, storage):
+    """Epoch seconds read as millis file June events in January 1970."""
     wrong = config(tmp_path, event_time={"field": "ts", "encoding": "epoch_millis"})
     june1, june2 = 1_717_272_000, 1_717_308_000  # 2024-06-01T20:00Z, 2024-06-02T06:00Z
     archive_run(storage, wrong, at("2024-07-15T12:00"), [rec(0, 0, june1), rec(0, 1, june2)])
@@ -377,66 +350,215 @@ def test_far_moves_need_their_dates_listed_and_later_rebuilds_follow_them(tmp_pa
     assert len(day_keys(storage, jan)) == 1
 
     fixed = config(tmp_path, event_time={"field": "ts", "encoding": "epoch_seconds"})
-    snap = take_snapshot(storage, TOPIC)
-    assert select_sources(storage, fixed, snap, D1) == []  # the margin cannot reach 1970
-    for day in (D1, D2, jan):
-        rebuild(storage, fixed, day, also_from=[jan])
-    assert_exactly_once_in_place(storage, fixed)
+    rebuild(storage, fixed, jan)
     assert day_keys(storage, jan) == []
+    assert (len(day_keys(storage, D1)), len(day_keys(storage, D2))) == (1, 1)
+    assert_exactly_once(storage)
+    assert_in_place(storage, fixed)
 
-    # A second fix (the events were Tokyo time) moves both into June 2; the rebuild of June 1
-    # is what tells June 2's rebuild where record 0 lives now.
+    # A second fix (the events were Tokyo time) moves record 0 into June 2 as well.
     tokyo = config(tmp_path, timezone="Asia/Tokyo", event_time=fixed.event_time.model_dump())
-    for day in (D2, D1):
-        rebuild(storage, tokyo, day)
-    assert_exactly_once_in_place(storage, tokyo)
+    rebuild(storage, tokyo, D1, D2)
     assert day_keys(storage, D1) == []
+    assert_exactly_once(storage)
+    assert_in_place(storage, tokyo)
+
+
+def test_a_file_without_its_source_in_the_header_makes_select_refuse(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    [old] = [k for k in day_keys(storage, D2) if k.startswith("partitioned/")][:1]
+    with storage.open_read(old) as f:
+        reader = fastavro.reader(f)
+        schema, rows = reader.writer_schema, list(reader)
+    with storage.open_write(old) as out:  # as an older Cairn wrote it: no cairn.* metadata
+        fastavro.writer(out, schema, rows)
+
+    with pytest.raises(RebuildRefused, match=f"{old} does not name its backup file"):
+        select(storage, config(tmp_path), [D2], "rebuild-run")
+    assert storage.list(f"_claims/{TOPIC}/rebuild/") == []
+
+
+def drop_from_backup(storage: Storage, key: str, offset: int) -> None:
+    """Damage a backup file: it loses one record."""
+    rows = [row for row in read(storage, key) if row["offset"] != offset]
+    with storage.open_write(key) as out:
+        fastavro.writer(out, BACKUP_SCHEMA, rows)
+
+
+def test_a_record_missing_from_the_backup_makes_finish_refuse_and_change_nothing(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    drop_from_backup(storage, f"backup/{TOPIC}/partition=0/1_0_{0:020d}.avro", offset=2)
+    cfg = config(tmp_path, generation=2)
+    before = data_files(storage)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    results = rebuild_all(storage, cfg, chosen)
+
+    with pytest.raises(RebuildRefused, match=r"1_0_00000000000000000000\.avro lacks offsets \[2\]"):
+        finish_rebuild(storage, cfg, chosen, results)
+
+    assert data_files(storage) == before
+    assert storage.list("_attempts/") == []
+    assert fence.link_seqs(storage, TOPIC, "rebuild") == []
+
+
+def test_a_source_left_out_of_the_results_makes_finish_refuse(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    before = data_files(storage)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+
+    with pytest.raises(RebuildRefused, match="a source was not rebuilt"):
+        finish_rebuild(storage, cfg, chosen, rebuild_all(storage, cfg, chosen)[1:])
+    assert data_files(storage) == before
+    assert storage.list("_attempts/") == []
+
+
+def test_a_new_file_that_would_replace_an_unselected_one_makes_finish_refuse(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    tokyo = config(tmp_path, timezone="Asia/Tokyo")
+    # Where the Tokyo fix moves record 0@1 (see above), a file this rebuild of D1 does not select.
+    squatter = partitioned_key(TOPIC, 1, 0, 1, "dt=2024-06-02/hr=08")
+    storage.write(squatter, b"copied in by hand")
+    before = data_files(storage)
+
+    with pytest.raises(RebuildRefused, match=f"would replace {squatter}"):
+        rebuild(storage, tokyo, D1)
+    assert data_files(storage) == before
+    assert storage.list("_attempts/") == []
+
+
+def test_rebuilding_twice_changes_nothing(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    rebuild(storage, cfg, D2)
+    first = data_files(storage)
+
+    again = rebuild(storage, cfg, D2)
+
+    assert (again.seq, again.removed) == (2, [])
+    assert data_files(storage) == first
+    assert_exactly_once(storage)
+
+
+def test_finish_retried_after_a_crash_midway_through_publishing_completes(
+    tmp_path, storage, monkeypatch
+):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    results = rebuild_all(storage, cfg, chosen)
+
+    def crash(*_) -> None:
+        raise OSError("connection lost")
+
+    monkeypatch.setattr(staging, "publish", crash)  # the link is created, then the driver dies
+    with pytest.raises(OSError):
+        finish_rebuild(storage, cfg, chosen, results)
+    monkeypatch.undo()
+    prefix = staging.attempt_prefix(TOPIC, chosen.claim.attempt_id)
+    first = next(k for k in storage.list(prefix) if parse_data_key(k[len(prefix) :]))
+    storage.move(first, first[len(prefix) :])  # ...after publishing one file
+
+    done = finish_rebuild(storage, cfg, chosen, results)
+
+    assert done == read_rebuild(storage, TOPIC, 1)
+    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
+    assert storage.list("_attempts/") == []
+    assert_exactly_once(storage)
+
+
+def test_files_committed_after_the_snapshot_are_untouched(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    results = rebuild_all(storage, cfg, chosen)
+    old = day_keys(storage, D2)
+    # Meanwhile an archive run (which settles, and must leave the rebuild's staging alone)
+    # commits late data into the same date.
+    archive_run(storage, cfg, at("2024-06-04T10:00"), [rec(1, 7, "2024-06-02T06:00:00Z")])
+    late = {k: storage.read(k) for k in day_keys(storage, D2) if k not in old}
+    assert late
+
+    done = finish_rebuild(storage, cfg, chosen, results)
+
+    assert sorted(done.removed) == sorted(old)
+    assert {k: v for k, v in data_files(storage).items() if k in late} == late
+    assert_exactly_once(storage)
+
+
+def test_of_two_rebuild_claims_the_older_is_fenced_and_changes_nothing(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    older = select(storage, cfg, [D2], "rebuild-run-1")
+    older_results = rebuild_all(storage, cfg, older)
+    newer = select(storage, cfg, [D2], "rebuild-run-2")  # settling leaves the older's staging
+    assert (older.claim.seq, older.claim.k, newer.claim.seq, newer.claim.k) == (1, 1, 1, 2)
+    before = data_files(storage)
+
+    with pytest.raises(Fenced, match="fenced out by a newer attempt"):
+        finish_rebuild(storage, cfg, older, older_results)
+    assert data_files(storage) == before
+    assert storage.list(staging.attempt_prefix(TOPIC, older.claim.attempt_id)) == []
+
+    done = finish_rebuild(storage, cfg, newer, rebuild_all(storage, cfg, newer))
+    assert done.attempt_id == newer.claim.attempt_id
+    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
+
+
+def test_a_rewind_since_the_snapshot_makes_finish_refuse(tmp_path, storage):
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    results = rebuild_all(storage, cfg, chosen)
+    tokens.rewind(storage, TOPIC, low_watermarks=None, count=1)
+    before = data_files(storage)
+
+    with pytest.raises(RebuildRefused, match="rewound"):
+        finish_rebuild(storage, cfg, chosen, results)
+    assert data_files(storage) == before
+    assert fence.link_seqs(storage, TOPIC, "rebuild") == []
 
 
 def test_processing_time_topic_keeps_its_folders(tmp_path, storage):
     build_archive(storage, config(tmp_path, time_source="processing", event_time=None))
     cfg = config(tmp_path, time_source="processing", event_time=None, generation=2)
-    snap = take_snapshot(storage, TOPIC)
-    chosen = select_sources(storage, cfg, snap, D2, margin=timedelta(0))
-    assert [(s.processing_date, s.first_offset) for s in chosen] == [(D2, 0), (D2, 0)]
     old = day_keys(storage, D2)
 
-    deleted, _ = rebuild(storage, cfg, D2, margin=timedelta(0))
+    done = rebuild(storage, cfg, D2)
 
-    assert sorted(deleted) == sorted(old)
+    assert sorted(done.removed) == sorted(old)
     new = [parse_data_key(k) for k in day_keys(storage, D2)]
     assert [(f.folder, f.gen) for f in new] == [("dt=2024-06-02/hr=01", 2)] * 2 + [
         ("dt=2024-06-02", 2)
     ]
-    assert_exactly_once_in_place(storage, cfg)
+    assert_exactly_once(storage)
 
 
 def test_raw_topics_have_nothing_to_rebuild(tmp_path, storage):
     raw = config(tmp_path, format="raw", schema=None, event_time=None)
-    source = Source(
-        key=f"backup/{TOPIC}/partition=0/1_0_{0:020d}.avro",
-        partition=0,
-        first_offset=0,
-        last_offset=9,
-        processing_time=at("2024-06-02T01:00"),
-        processing_date=D2,
-    )
-    assert rebuild_source(source, raw, storage, D2) == RebuildResult()
+    archive_run(storage, raw, *RUNS[0])  # a raw topic's archive: backup files only
+    assert {parse_data_key(k).kind for k in storage.list() if parse_data_key(k)} == {"backup"}
+
+    assert select(storage, raw, [D1, D2], "rebuild-run") is None
+    assert storage.list(f"_claims/{TOPIC}/rebuild/") == []
 
 
 def test_verify_rebuild_catches_missing_resized_and_overlapping_files(tmp_path, storage):
     build_archive(storage, config(tmp_path))
-    [entry] = [e for e in rebuild(storage, config(tmp_path), D1)[1][0].files if e.first_offset == 0]
-    verify_rebuild(storage, [entry])
+    chosen = select(storage, config(tmp_path), [D1], "rebuild-run")
+    staged = staging.staged(storage, TOPIC, chosen.claim.attempt_id)
+    results = rebuild_all(storage, config(tmp_path), chosen)
+    [entry] = [e for r in results for e in r.files if (e.partition, e.first_offset) == (0, 0)]
+    verify_rebuild(staged, [entry])
     missing = entry.key.replace("1_0_", "1_1_")
     for match, bad in {
         "missing": entry.model_copy(update={"key": missing, "partition": 1}),
         "bytes": entry.model_copy(update={"bytes": entry.bytes + 1}),
     }.items():
         with pytest.raises(VerificationFailed, match=match):
-            verify_rebuild(storage, [bad])
+            verify_rebuild(staged, [bad])
     second = entry.key.replace(f"{0:020d}", f"{1:020d}")
-    storage.write(second, storage.read(entry.key))
+    staged.write(second, staged.read(entry.key))
     overlapping = entry.model_copy(update={"key": second, "first_offset": 1, "last_offset": 1})
     with pytest.raises(VerificationFailed, match="overlap"):
-        verify_rebuild(storage, [entry.model_copy(update={"last_offset": 1}), overlapping])
+        verify_rebuild(staged, [entry.model_copy(update={"last_offset": 1}), overlapping])

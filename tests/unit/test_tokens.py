@@ -1,4 +1,4 @@
-"""Offset tokens on a real local archive root: commit races, rewinds, corruption."""
+"""Offset tokens on a real local archive root: commits through the fence, rewinds, corruption."""
 
 from __future__ import annotations
 
@@ -8,90 +8,97 @@ from datetime import timedelta
 
 import pytest
 
-from cairn import tokens
+from cairn import fence, tokens
+from cairn.fence import Fenced
 from cairn.layout import token_key
 from cairn.storage import Storage
-from cairn.tokens import CommitConflict, CorruptToken, RewindRefused, Token
-from tests.unit.conftest import T0, make_token
+from cairn.tokens import CorruptToken, Counts, RewindRefused, Token
+from tests.unit.conftest import T0, claim_next, commit_next, make_token
 
 
-def commit_chain(storage: Storage, *positions: dict[int, int]) -> list[Token]:
-    """Commit tokens 1..n, each planned from the one before, as real runs would."""
-    chain, previous = [], {}
-    for seq, position in enumerate(positions, start=1):
-        token = make_token(seq, position, previous)
-        tokens.commit(storage, token)
-        chain.append(token)
-        previous = position
-    return chain
+def commit_chain(storage: Storage, *positions: dict[int, int], **fields) -> list[Token]:
+    """Commit tokens 1..n, each claimed and planned from the one before, as real runs would."""
+    return [commit_next(storage, position, **fields) for position in positions]
 
 
 def test_first_commit_becomes_newest_with_string_partition_keys(storage):
     assert tokens.newest(storage, "orders") is None
     assert tokens.next_seq(None) == 1
-    token = make_token(1, {0: 10, 3: 7})
-    tokens.commit(storage, token)
+    [token] = commit_chain(storage, {0: 10, 3: 7})
 
     assert tokens.newest(storage, "orders") == token
     assert tokens.next_seq(token) == 2
     stored = json.loads(storage.read(token_key("orders", 1)))
     assert stored["next_offsets"] == {"0": 10, "3": 7}
+    assert stored["attempt_id"] == token.attempt_id
 
 
-def test_commit_race_same_seq_exactly_one_wins(storage):
-    contenders = [make_token(1, {0: 10 * (i + 1)}, run_id=f"run-{i}") for i in range(8)]
-    barrier = threading.Barrier(len(contenders))
+def test_runs_planned_from_the_same_position_exactly_one_commits(storage):
+    barrier = threading.Barrier(8)
     won, lost = [], []
 
-    def attempt(token: Token) -> None:
+    def attempt(i: int) -> None:
         barrier.wait()
+        claim = fence.claim(storage, "orders", "archive", None, f"run-{i}", lambda c: b"{}")
+        token = make_token(1, {0: 10 * (i + 1)}, attempt_id=claim.attempt_id)
         try:
-            tokens.commit(storage, token)
+            tokens.commit(storage, token, claim)
             won.append(token)
-        except CommitConflict as err:
+        except Fenced as err:
             lost.append(str(err))
 
-    threads = [threading.Thread(target=attempt, args=(t,)) for t in contenders]
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
 
-    assert len(won) == 1 and len(lost) == len(contenders) - 1
-    assert all("'orders'" in msg and "token 1" in msg for msg in lost)
+    assert len(won) == 1 and len(lost) == 7
+    assert all("'orders'" in msg and "(link 1)" in msg for msg in lost)
     assert tokens.list_tokens(storage, "orders") == won
 
 
-def test_atomic_create_catches_a_race_the_precheck_missed(storage, monkeypatch):
-    first, second = make_token(1, {0: 10}, run_id="a"), make_token(1, {0: 99}, run_id="b")
-    tokens.commit(storage, first)
-    monkeypatch.setattr(tokens, "newest", lambda *_: None)  # both runs saw "no token yet"
+def test_commit_retried_by_the_same_attempt_succeeds_without_rewriting(storage):
+    claim = claim_next(storage)
+    token = make_token(1, {0: 10}, attempt_id=claim.attempt_id)
+    assert tokens.commit(storage, token, claim) is True
 
-    with pytest.raises(CommitConflict, match=r"'orders': token 1 was committed by another run"):
-        tokens.commit(storage, second)
-    monkeypatch.undo()
-    assert tokens.newest(storage, "orders") == first
+    retried = token.model_copy(update={"created_at": T0 + timedelta(days=1)})
+    assert tokens.commit(storage, retried, claim) is False
+    assert tokens.newest(storage, "orders") == token
+
+
+@pytest.mark.parametrize("update", [{"seq": 2}, {"attempt_id": "a-000000000001-000009-abcdef"}])
+def test_commit_refuses_a_token_that_is_not_its_claims(storage, update):
+    claim = claim_next(storage)
+    token = make_token(1, {0: 10}, attempt_id=claim.attempt_id).model_copy(update=update)
+
+    with pytest.raises(ValueError, match="does not belong to"):
+        tokens.commit(storage, token, claim)
+    assert tokens.newest(storage, "orders") is None
 
 
 def test_commit_refuses_a_run_planned_before_a_rewind(storage):
     chain = commit_chain(storage, {0: 10}, {0: 20}, {0: 30})
-    stale_run = make_token(4, {0: 40}, previous=chain[-1].next_offsets)
+    stale_claim = claim_next(storage)
+    stale_run = make_token(4, {0: 40}, chain[-1].next_offsets, attempt_id=stale_claim.attempt_id)
     tokens.rewind(storage, "orders", count=2, low_watermarks=None)
 
-    with pytest.raises(CommitConflict, match="planned from token 3 but the newest is now token 1"):
-        tokens.commit(storage, stale_run)
+    with pytest.raises(Fenced, match="planned from link 3 but the newest is now link 1"):
+        tokens.commit(storage, stale_run, stale_claim)
     assert tokens.newest(storage, "orders") == chain[0]
 
 
 def test_commit_refuses_when_history_was_rewritten_to_the_same_seq(storage):
     chain = commit_chain(storage, {0: 10}, {0: 20})
-    stale_run = make_token(3, {0: 40}, previous=chain[-1].next_offsets)
+    stale_claim = claim_next(storage)
+    stale_run = make_token(3, {0: 40}, chain[-1].next_offsets, attempt_id=stale_claim.attempt_id)
     tokens.rewind(storage, "orders", count=1, low_watermarks=None)
-    rewritten = make_token(2, {0: 15}, previous={0: 10})
-    tokens.commit(storage, rewritten)
+    rewritten = commit_next(storage, {0: 15}, created_at=T0 + timedelta(days=1))
+    assert rewritten.seq == 2
 
-    with pytest.raises(CommitConflict):
-        tokens.commit(storage, stale_run)
+    with pytest.raises(Fenced):
+        tokens.commit(storage, stale_run, stale_claim)
     assert tokens.newest(storage, "orders") == rewritten
 
 
@@ -100,7 +107,7 @@ def test_list_and_newest_ignore_foreign_keys_and_other_topics(storage):
     storage.write("_tokens/orders/README.md", b"hello")
     storage.write("_tokens/orders/000000000009.json.tmp", b"{}")
     storage.write("_tokens/orders/old/000000000009.json", b"{}")
-    tokens.commit(storage, make_token(1, {0: 999}).model_copy(update={"topic": "orders-eu"}))
+    commit_next(storage, {0: 999}, topic="orders-eu")
 
     assert tokens.list_tokens(storage, "orders") == chain
     assert tokens.newest(storage, "orders") == chain[-1]
@@ -237,3 +244,20 @@ def test_rewind_ignores_partitions_that_were_never_archived(storage):
     commit_chain(storage, {0: 10}, {0: 20})
 
     assert len(tokens.rewind(storage, "orders", count=1, low_watermarks={0: 0, 1: 500})) == 1
+
+
+def test_rewinding_a_compacted_topic_is_refused_once_the_rewound_runs_read_anything(storage):
+    commit_chain(storage, {0: 10})  # read nothing: only recorded a position
+    chain = commit_chain(storage, {0: 20}, counts=Counts(read=10))
+
+    with pytest.raises(RewindRefused, match="compacted"):
+        tokens.rewind(storage, "orders", count=1, low_watermarks={0: 0}, compacted=True)
+    assert tokens.newest(storage, "orders") == chain[-1]
+
+
+def test_rewinding_a_compacted_topic_over_runs_that_read_nothing_is_allowed(storage):
+    commit_chain(storage, {0: 10}, counts=Counts(read=10))
+    commit_chain(storage, {0: 10, 1: 0})  # a new partition appeared, nothing read
+
+    deleted = tokens.rewind(storage, "orders", count=1, low_watermarks={0: 0, 1: 0}, compacted=True)
+    assert deleted == [token_key("orders", 2)]

@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import IO
 
 import fastavro
 import pytest
 
+from cairn.avro import read_metadata
 from cairn.config import TopicConfig, load_topics
 from cairn.layout import backup_key, parse_data_key, partitioned_key, quarantine_key
 from cairn.manifest import Manifest, verify
@@ -21,6 +22,7 @@ from cairn.writer import KafkaRecord, PartitionResult, write_partition
 TOPIC, P, GEN = "orders", 3, 2
 NOW = datetime(2024, 6, 3, 8, 15, tzinfo=UTC)  # processing time
 NOW_MS = 1_717_402_500_000
+ATTEMPT = "a-000000000007-000001-c0ffee"
 SCHEMA = {
     "type": "record",
     "name": "Order",
@@ -93,7 +95,7 @@ def ms(iso: str) -> int:
 
 def test_mixed_batch_lands_verbatim_parsed_or_quarantined(tmp_path, storage):
     records = [r for r, _ in MIXED]
-    result = write_partition(iter(records), config(tmp_path), storage, NOW)
+    result = write_partition(iter(records), config(tmp_path), storage, NOW, ATTEMPT)
 
     assert (result.partition, result.records) == (P, len(records))
     assert result.last_timestamp == records[-1].timestamp
@@ -150,7 +152,7 @@ def test_mixed_batch_lands_verbatim_parsed_or_quarantined(tmp_path, storage):
 
 def test_output_passes_manifest_verify(tmp_path, storage):
     records = [r for r, _ in MIXED]
-    result = write_partition(records, config(tmp_path), storage, NOW)
+    result = write_partition(records, config(tmp_path), storage, NOW, ATTEMPT)
     ranges = {P: (100, 112)}
     manifest = Manifest(
         topic=TOPIC,
@@ -183,8 +185,8 @@ def partitioned_files(storage: Storage) -> dict[str, list[int]]:
     }
 
 
-def test_lru_limit_publishes_early_with_deterministic_names(tmp_path, storage):
-    result = write_partition(INTERLEAVED, config(tmp_path), storage, NOW, max_open_files=2)
+def test_lru_limit_finishes_files_early_with_deterministic_names(tmp_path, storage):
+    result = write_partition(INTERLEAVED, config(tmp_path), storage, NOW, ATTEMPT, max_open_files=2)
 
     def key(hour: int, first: int) -> str:
         return partitioned_key(TOPIC, GEN, P, first, f"dt=2024-06-01/hr={hour}")
@@ -195,7 +197,7 @@ def test_lru_limit_publishes_early_with_deterministic_names(tmp_path, storage):
         key(12, 3): [3],
         key(11, 5): [5],
     }
-    # Published in eviction order, then the backup and the still-open ones at the end.
+    # Finished in eviction order, then the backup and the still-open ones at the end.
     assert [e.key for e in result.files] == [
         key(11, 1),
         key(12, 3),
@@ -206,28 +208,66 @@ def test_lru_limit_publishes_early_with_deterministic_names(tmp_path, storage):
     assert all(e.bytes == storage.size(e.key) for e in result.files)
 
 
-def test_same_input_gives_the_same_names(tmp_path):
+def test_same_input_gives_byte_identical_files(tmp_path):
+    """A retried task rewrites its staged files byte for byte (sync markers come from names)."""
     cfg = config(tmp_path)
     records = [r for r, _ in MIXED] + hourly([(200, 1), (201, 2), (202, 1), (203, 3)])
     contents = []
     for name in ("one", "two"):
         storage = Storage(f"file://{tmp_path}/{name}")
-        result = write_partition(records, cfg, storage, NOW, max_open_files=2)
+        result = write_partition(records, cfg, storage, NOW, ATTEMPT, max_open_files=2)
         assert sorted(e.key for e in result.files) == storage.list()
-        contents.append({k: read(storage, k) for k in storage.list()})
+        contents.append({k: storage.read(k) for k in storage.list()})
     assert contents[0] == contents[1]
 
+    write_partition(records, cfg, storage, NOW, ATTEMPT, max_open_files=2)  # a retry
+    assert {k: storage.read(k) for k in storage.list()} == contents[1]
 
-def test_error_midway_leaves_only_whole_published_files(tmp_path, storage):
+
+def header(storage: Storage, key: str) -> dict[str, str]:
+    """A file's Cairn metadata, from its first 4 KB (where a rebuild finds it)."""
+    return read_metadata(storage.read_head(key, 4096))
+
+
+def test_headers_name_the_processing_time_and_the_attempt_or_the_backup_source(tmp_path, storage):
+    records = [r for r, _ in MIXED]
+    result = write_partition(records, config(tmp_path), storage, NOW, ATTEMPT, max_open_files=2)
+
+    backup = backup_key(TOPIC, GEN, P, 100)
+    when = {"cairn.processing_time": NOW.isoformat()}
+    parsed = [e.key for e in result.files if e.key != backup]
+    assert header(storage, backup) == when | {"cairn.attempt": ATTEMPT}
+    assert len(parsed) == 6  # 5 partitioned (3 evicted early) and the quarantine
+    for key in parsed:
+        assert header(storage, key) == when | {"cairn.source": backup}, key
+
+
+def test_another_processing_time_or_attempt_changes_only_what_names_it(tmp_path):
+    cfg = config(tmp_path)
+    records = [r for r, _ in MIXED]
+    later = NOW + timedelta(hours=1)
+    runs = {}
+    for name, when, attempt in (("a", NOW, ATTEMPT), ("b", NOW, "a-1"), ("c", later, ATTEMPT)):
+        storage = Storage(f"file://{tmp_path}/{name}")
+        write_partition(records, cfg, storage, when, attempt)
+        runs[name] = {k: storage.read(k) for k in storage.list()}
+
+    backup = backup_key(TOPIC, GEN, P, 100)
+    differ = {k for k in runs["a"] if runs["a"][k] != runs["b"][k]}
+    assert differ == {backup}  # the attempt is named by the backup file only
+    assert {k for k in runs["a"] if runs["a"][k] != runs["c"].get(k)} == set(runs["a"])
+
+
+def test_error_midway_leaves_only_whole_finished_files(tmp_path, storage):
     def records() -> Iterator[KafkaRecord]:
         yield from hourly([(0, 10), (1, 11), (2, 10)])
         yield rec(3, b"not json")
         raise RuntimeError("Kafka fetch failed")
 
     with pytest.raises(RuntimeError, match="Kafka fetch failed"):
-        write_partition(records(), config(tmp_path), storage, NOW, max_open_files=1)
+        write_partition(records(), config(tmp_path), storage, NOW, ATTEMPT, max_open_files=1)
 
-    # hr=10@0 and hr=11@1 were published by eviction; hr=10@2, backup and quarantine were open.
+    # hr=10@0 and hr=11@1 were finished by eviction; hr=10@2, backup and quarantine were open.
     assert partitioned_files(storage) == {
         partitioned_key(TOPIC, GEN, P, 0, "dt=2024-06-01/hr=10"): [0],
         partitioned_key(TOPIC, GEN, P, 1, "dt=2024-06-01/hr=11"): [1],
@@ -248,13 +288,13 @@ def test_error_midway_leaves_only_whole_published_files(tmp_path, storage):
 def test_records_outside_one_partition_in_order_are_refused(tmp_path, storage, bad):
     records = [*hourly([(1, 10), (2, 10)]), bad]
     with pytest.raises(ValueError):
-        write_partition(records, config(tmp_path), storage, NOW)
+        write_partition(records, config(tmp_path), storage, NOW, ATTEMPT)
     assert storage.list() == []
 
 
 def test_raw_topic_writes_backup_only(tmp_path, storage):
     records = [r for r, _ in MIXED]
-    result = write_partition(records, config(tmp_path, "raw"), storage, NOW)
+    result = write_partition(records, config(tmp_path, "raw"), storage, NOW, ATTEMPT)
     key = backup_key(TOPIC, GEN, P, 100)
     assert storage.list() == [key]
     assert read(storage, key) == [verbatim(r) for r in records]
@@ -270,7 +310,7 @@ def test_raw_topic_writes_backup_only(tmp_path, storage):
 
 def test_processing_time_topic_uses_one_folder_and_no_event_times(tmp_path, storage):
     cfg = config(tmp_path, time_source="processing", timezone="Asia/Tokyo")
-    result = write_partition([*hourly([(0, 1), (1, 5)]), rec(2, None)], cfg, storage, NOW)
+    result = write_partition([*hourly([(0, 1), (1, 5)]), rec(2, None)], cfg, storage, NOW, ATTEMPT)
     [part] = [e for e in result.files if e.kind == "partitioned"]
     assert part.key == partitioned_key(TOPIC, GEN, P, 0, "dt=2024-06-03/hr=17")
     assert (part.records, part.min_event_time, part.max_event_time) == (2, None, None)
@@ -279,7 +319,7 @@ def test_processing_time_topic_uses_one_folder_and_no_event_times(tmp_path, stor
 
 
 def test_no_records_no_files(tmp_path, storage):
-    result = write_partition([], config(tmp_path), storage, NOW)
+    result = write_partition([], config(tmp_path), storage, NOW, ATTEMPT)
     assert result == PartitionResult(partition=None, records=0, last_timestamp=None, files=[])
     assert storage.list() == []
 
@@ -303,7 +343,7 @@ def test_error_exits_every_open_upload_before_propagating(tmp_path):
     storage = TrackingStorage(f"file://{tmp_path}/archive")
     records = [*hourly([(0, 10), (1, 11), (2, 12)]), rec(3, b"bad"), rec(2, b"{}")]
     with pytest.raises(ValueError, match="offset 2 after 3") as raised:
-        write_partition(records, config(tmp_path), storage, NOW, max_open_files=2)
+        write_partition(records, config(tmp_path), storage, NOW, ATTEMPT, max_open_files=2)
     assert raised.traceback  # the frames (and any leaked generator) are still alive here
     assert storage.open_uploads == 0
     assert storage.list() == [partitioned_key(TOPIC, GEN, P, 0, "dt=2024-06-01/hr=10")]
@@ -312,7 +352,7 @@ def test_error_exits_every_open_upload_before_propagating(tmp_path):
 def test_bytearrays_from_spark_rows_are_written_as_bytes(tmp_path, storage):
     value = bytearray(event("2024-06-01T10:00:00Z"))
     r = rec(0, value, key=bytearray(b"\xff"), headers=[("h", bytearray(b"\x01"))])
-    write_partition([r], config(tmp_path), storage, NOW)
+    write_partition([r], config(tmp_path), storage, NOW, ATTEMPT)
     [row] = read(storage, backup_key(TOPIC, GEN, P, 0))
     assert (row["key"], row["value"], row["headers"]) == (
         b"\xff",

@@ -1,0 +1,366 @@
+"""Trust under real conditions, one test per way the archive used to break: transactions,
+`latest` starts, overlapping attempts, recreated topics, rewinds Kafka cannot serve again,
+rebuilds that move records, retried commits and what readers see before a commit."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cairn import fence, manifest, rebuild, run, staging, tokens
+from cairn.cli import main as cli
+from cairn.layout import token_key
+from cairn.plan import TopicRecreated
+from cairn.storage import Storage
+from cairn.tokens import RewindRefused
+from cairn.writer import KafkaRecord, write_partition
+from cairn_stack.demo import create_topic, produce
+from tests.integration.conftest import coords, read_archive
+from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once, event, fill
+from tests.integration.test_recovery import delete_records
+
+DAY = date(2024, 5, 1)
+NOON = datetime(2024, 5, 1, 12, tzinfo=UTC)
+
+
+def transactional(kafka: str, topic: str, batches: list[tuple[list[bytes], bool]]) -> None:
+    """Produce each batch in its own transaction, committing or aborting it."""
+    producer = Producer({"bootstrap.servers": kafka, "transactional.id": uuid.uuid4().hex})
+    producer.init_transactions(30)
+    for values, commit in batches:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value, partition=0)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+
+def test_records_of_aborted_transactions_are_never_archived(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    transactional(
+        kafka,
+        topic_name,
+        [
+            ([event(i, NOW) for i in range(3)], True),
+            ([event(i, NOW) for i in range(100, 104)], False),
+            ([event(i, NOW) for i in range(3, 5)], True),
+        ],
+    )
+    cfg = make_cfg(topic_name)
+
+    summary = archiver.run(cfg)
+
+    contents = read_archive(archiver.storage(cfg), topic_name)
+    ids = sorted(json.loads(r["value"])["event_id"] for r in contents.backup)
+    assert ids == ["e0", "e1", "e2", "e3", "e4"]
+    assert summary.counts.read == 5 and summary.counts.partitioned == 5
+    # offsets have holes (aborted records, transaction markers), and verify accepted them
+    assert coords(contents.backup)[-1][1] > 4
+    assert archiver.run(cfg) is None
+
+
+def test_latest_start_records_the_position_once_and_archives_what_follows(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    create_topic(kafka, topic_name, partitions=2)
+    fill(kafka, topic_name, partitions=2, per_partition=5)
+    cfg = make_cfg(topic_name, "new_partition_start: latest\n")
+
+    first = archiver.run(cfg)  # nothing to read, but the starting position is recorded
+
+    storage = archiver.storage(cfg)
+    assert first is not None and first.counts.read == 0
+    assert tokens.newest(storage, topic_name).next_offsets == {0: 5, 1: 5}
+    assert archiver.run(cfg) is None
+    fill(kafka, topic_name, partitions=2, per_partition=3, start=5)
+
+    second = archiver.run(cfg)
+
+    assert second.ranges == {0: (5, 8), 1: (5, 8)}
+    assert coords(read_archive(storage, topic_name).backup) == [
+        (p, o) for p in range(2) for o in range(5, 8)
+    ]
+
+
+def test_a_newer_claim_fences_a_run_that_verified_and_no_record_is_lost(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    """A and B plan from the same token; A writes and verifies, then B plans, cleans and dies.
+    A may not commit (B fenced it); the next run archives everything once."""
+    create_topic(kafka, topic_name, partitions=2)
+    fill(kafka, topic_name, partitions=2, per_partition=12)
+    cfg = make_cfg(topic_name)
+    storage = archiver.storage(cfg)
+    a = archiver.plan(cfg)
+    archiver.write(cfg, a)
+    report = run.verify_run(storage, a)
+    b = archiver.plan(cfg)
+    run.clean_run(cfg, storage, b, archiver.bootstrap)  # must not touch A's staged files
+
+    with pytest.raises(fence.Fenced, match="fenced out"):
+        run.commit_run(cfg, storage, a, report, archiver.bootstrap)
+    assert tokens.newest(storage, topic_name) is None
+
+    archiver.run(cfg)
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 12, 1: 12}))
+
+
+def test_a_fenced_attempt_that_wins_the_commit_race_is_published_and_the_newer_one_yields(
+    kafka, archiver, make_cfg, topic_name, monkeypatch
+) -> None:
+    """A passed its last check a moment before B claimed, so A's token gets created after B's
+    claim (the two-request window). B's clean must keep A's files; B's commit must fail."""
+    create_topic(kafka, topic_name, partitions=1)
+    fill(kafka, topic_name, partitions=1, per_partition=10)
+    cfg = make_cfg(topic_name)
+    storage = archiver.storage(cfg)
+    a = archiver.plan(cfg)
+    archiver.write(cfg, a)
+    report = run.verify_run(storage, a)
+    fill(kafka, topic_name, partitions=1, per_partition=5, start=10)
+    b = archiver.plan(cfg)  # reads [0, 15) from the same (absent) token
+
+    with monkeypatch.context() as patched:  # A's last check passed just before B's claim
+        patched.setattr(fence, "check_live", lambda *_: None)
+        run.commit_run(cfg, storage, a, report, archiver.bootstrap)
+    with pytest.raises(fence.Fenced):
+        archiver.write(cfg, b)
+    with pytest.raises(fence.Fenced):
+        archiver.finish(cfg, b)
+
+    assert tokens.newest(storage, topic_name).attempt_id == a.attempt_id
+    archiver.run(cfg)
+    assert [t.next_offsets for t in tokens.list_tokens(storage, topic_name)] == [{0: 10}, {0: 15}]
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 15}))
+
+
+def test_a_stale_plan_replayed_after_another_run_committed_fails_fast_and_changes_nothing(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    """A plans [0, 10); B plans [0, 15) and commits; A's tasks are cleared and re-run from its
+    old XCom plan, and A's zombie Spark job keeps writing: nothing of A reaches the archive."""
+    create_topic(kafka, topic_name, partitions=1)
+    fill(kafka, topic_name, partitions=1, per_partition=10)
+    cfg = make_cfg(topic_name)
+    storage = archiver.storage(cfg)
+    a = archiver.plan(cfg)
+    fill(kafka, topic_name, partitions=1, per_partition=5, start=10)
+    b = archiver.plan(cfg)
+    archiver.write(cfg, b)
+    archiver.finish(cfg, b)
+    before = storage.list()
+
+    for step in (lambda: archiver.write(cfg, a), lambda: archiver.finish(cfg, a)):
+        with pytest.raises(fence.Fenced, match="stale"):
+            step()
+    zombie = [
+        KafkaRecord(topic_name, 0, o, 0, 0, None, event(o, NOW)) for o in range(10)
+    ]  # what A's Spark tasks would still write
+    write_partition(zombie, cfg, a.staged(storage), a.planned_at, a.attempt_id)
+
+    assert [k for k in storage.list() if not k.startswith("_")] == [
+        k for k in before if not k.startswith("_")
+    ]
+    assert archiver.run(cfg) is None
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 15}))
+    fill(kafka, topic_name, partitions=1, per_partition=1, start=15)
+    archiver.run(cfg)  # the next run discards the zombie's staging
+    assert not storage.list(f"_attempts/{topic_name}/")
+
+
+def test_a_recreated_topic_is_refused_and_archives_under_a_new_prefix(
+    kafka, archiver, make_cfg, topic_name, tmp_path
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5)], partition=0)
+    cfg = make_cfg(topic_name)
+    archiver.run(cfg)
+    admin = AdminClient({"bootstrap.servers": kafka})
+    admin.delete_topics([topic_name])[topic_name].result(30)
+    for _ in range(100):  # deletion completes asynchronously
+        try:
+            create_topic(kafka, topic_name, partitions=1)
+            break
+        except KafkaException:
+            time.sleep(0.2)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(100, 112)], partition=0)
+    storage = archiver.storage(cfg)
+    before = storage.list()
+
+    with pytest.raises(TopicRecreated, match="archive_root"):
+        archiver.run(cfg)  # offsets 0..11 exist again: without the id, [0, 5) would be skipped
+
+    assert storage.list() == before
+    fresh = make_cfg(topic_name, root=(tmp_path / "second").as_uri())
+    archiver.run(fresh)
+    backup = read_archive(archiver.storage(fresh), topic_name).backup
+    assert sorted(json.loads(r["value"])["event_id"] for r in backup) == [
+        f"e{i}" for i in sorted(range(100, 112), key=str)
+    ]
+
+
+def test_a_hand_rewind_past_retention_keeps_every_archived_record(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    cfg = make_cfg(topic_name, "accept_gaps: true\n")
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5)], partition=0)
+    archiver.run(cfg)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5, 20)], partition=0)
+    archiver.run(cfg)
+    storage = archiver.storage(cfg)
+    storage.delete(token_key(topic_name, 2))  # a rewind by hand, as the README allows
+    delete_records(kafka, topic_name, before=10)
+    before = {k: storage.read(k) for k in storage.list() if k.startswith("backup/")}
+
+    with pytest.raises(RewindRefused, match=r"partition 0 from offset 5"):
+        archiver.run(cfg)
+
+    assert {k: storage.read(k) for k in storage.list() if k.startswith("backup/")} == before
+    assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(20)]
+
+
+def test_a_rewind_on_a_compacted_topic_is_refused_by_the_cli_and_by_the_run(
+    kafka, archiver, make_cfg, topic_name, tmp_path, capsys
+) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka})
+    compact = NewTopic(topic_name, 1, 1, config={"cleanup.policy": "compact"})
+    admin.create_topics([compact])[topic_name].result(30)
+    cfg = make_cfg(topic_name)
+    keys = [f"k{i % 3}".encode() for i in range(6)]
+    produce(kafka, topic_name, [event(i, NOW) for i in range(6)], keys=keys, partition=0)
+    archiver.run(cfg)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(6, 12)], keys=keys, partition=0)
+    archiver.run(cfg)
+    storage = archiver.storage(cfg)
+    topics = str(tmp_path / f"{topic_name}.yaml")
+    args = ["--topics-file", topics, "tokens", "rewind", topic_name, "--bootstrap-servers", kafka]
+
+    assert cli([*args, "--count", "1"]) == 1
+    assert "compacted" in capsys.readouterr().err
+    storage.delete(token_key(topic_name, 2))  # by hand, bypassing the CLI
+    with pytest.raises(RewindRefused, match="compacted"):
+        archiver.run(cfg)
+    assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(12)]
+
+
+def test_a_fix_that_gives_quarantined_records_an_event_time_moves_them_by_one_rebuild(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    """Archived reading the event time from a field the records lack, every record is
+    quarantined under the processing date; rebuilding that date with the fix files them under
+    their event dates (not rebuilt), none lost."""
+    create_topic(kafka, topic_name, partitions=1)
+    times = [NOON + timedelta(hours=9 * i) for i in range(6)]
+    produce(kafka, topic_name, [event(i, ts) for i, ts in enumerate(times)], partition=0)
+    buggy = make_cfg(topic_name, "event_time: {field: sent_at, encoding: iso8601}\n")
+    archiver.run(buggy)
+    storage = archiver.storage(buggy)
+    assert len(read_archive(storage, topic_name).quarantine) == 6
+    processing_day = date.fromisoformat(
+        next(k for k in storage.list(f"quarantine/{topic_name}/")).split("dt=")[1][:10]
+    )
+    fixed = make_cfg(topic_name)
+
+    archiver.rebuild(fixed, processing_day)
+
+    contents = read_archive(storage, topic_name)
+    assert_exactly_once(contents, all_offsets({0: 6}))
+    assert not contents.quarantine
+    assert sorted(folder for folder, _ in contents.partitioned) == sorted(
+        ts.strftime("dt=%Y-%m-%d/hr=%H") for ts in times
+    )
+
+
+def test_rebuild_selection_reads_only_the_rebuilt_dates_and_reaches_spark_by_reference(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    """Forty runs of history: selecting one date reads its files' headers and no manifest or
+    token beyond the newest, and the Spark job is handed only the claim's key."""
+    create_topic(kafka, topic_name, partitions=1)
+    cfg = make_cfg(topic_name)
+    for i in range(40):
+        ts = NOON + timedelta(days=1 + i) if i != 20 else NOON
+        produce(kafka, topic_name, [event(i, ts)], partition=0)
+        archiver.run(cfg)
+
+    reads: list[str] = []
+    counting = Storage(cfg.root.storage_url)
+    real_read = counting.read
+    counting.read = lambda key: reads.append(key) or real_read(key)
+    chosen = rebuild.select(counting, cfg, [DAY], "count")
+
+    assert [s.key for s in chosen.sources] == [
+        f"backup/{topic_name}/partition=0/" + (f"1_0_{20:020d}.avro")
+    ]
+    assert not [k for k in reads if k.startswith("_manifests/")]
+    assert len([k for k in reads if k.startswith("_tokens/")]) <= 2
+    assert rebuild.load_selection(archiver.storage(cfg), chosen.claim.key) == chosen
+
+
+def test_a_retried_commit_after_the_token_was_created_succeeds(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    fill(kafka, topic_name, partitions=1, per_partition=8)
+    cfg = make_cfg(topic_name)
+    storage = archiver.storage(cfg)
+    planned = archiver.plan(cfg)
+    archiver.write(cfg, planned)
+    report = run.verify_run(storage, planned)
+    # the conditional PUT succeeded but its response was lost: the token exists, nothing moved
+    staging.prepare(
+        storage,
+        topic_name,
+        planned.attempt_id,
+        staging.Publication(
+            move=[f.key for f in manifest.load(storage, planned.manifest_key).files]
+        ),
+    )
+    token = tokens.Token(
+        seq=planned.seq,
+        topic=topic_name,
+        generation=1,
+        next_offsets=planned.plan.next_offsets,
+        attempt_id=planned.attempt_id,
+        run_id=planned.run_id,
+        created_at=NOW,
+        planned_at=NOW,
+    )
+    storage.create(token_key(topic_name, planned.seq), token.model_dump_json().encode())
+
+    summary = run.commit_run(cfg, storage, planned, report, archiver.bootstrap)
+    again = run.commit_run(cfg, storage, planned, report, "127.0.0.1:1")  # Kafka unreachable
+
+    assert summary.seq == again.seq == 1 and again.lag_error is not None
+    assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1]
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 8}))
+
+
+def test_readers_see_nothing_of_an_attempt_until_its_token_commits(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    create_topic(kafka, topic_name, partitions=2)
+    fill(kafka, topic_name, partitions=2, per_partition=6)
+    cfg = make_cfg(topic_name)
+    storage = archiver.storage(cfg)
+    planned = archiver.plan(cfg)
+    archiver.write(cfg, planned)
+    run.verify_run(storage, planned)
+
+    staged = read_archive(storage, topic_name)
+    assert staged.backup == [] and staged.partitioned == [] and staged.quarantine == []
+    archiver.finish(cfg, planned)
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 6, 1: 6}))
+    assert not storage.list(f"_attempts/{topic_name}/")
