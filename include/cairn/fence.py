@@ -139,7 +139,7 @@ def claim(
     """
     seq = (base.seq if base else 0) + 1
     for _ in range(_CLAIM_TRIES):
-        k = max((k for s, k in _claims_on(storage, topic, chain, seq) if s == seq), default=0) + 1
+        k = max(_claims_on(storage, topic, chain, seq), default=0) + 1
         made = Claim(
             topic=topic,
             chain=chain,
@@ -170,7 +170,7 @@ def check_live(storage: Storage, mine: Claim) -> None:
             f"now {found} (another attempt committed, or the topic was rewound). Nothing of this "
             "attempt was published; the next run plans afresh"
         )
-    newer = [k for s, k in _claims_on(storage, mine.topic, mine.chain, mine.seq) if s == mine.seq]
+    newer = _claims_on(storage, mine.topic, mine.chain, mine.seq)
     if max(newer, default=0) > mine.k:
         raise Fenced(
             f"{mine.label} was fenced out by a newer attempt on the same link (claim "
@@ -224,7 +224,8 @@ def fate(storage: Storage, topic: str, attempt_id: str) -> Fate:
     return "committed" if decided_for(storage, topic, chain, seq) == attempt_id else "dead"
 
 
-def _claims_on(storage: Storage, topic: str, chain: Chain, seq: int) -> list[tuple[int, int]]:
+def _claims_on(storage: Storage, topic: str, chain: Chain, seq: int) -> list[int]:
+    """The claim numbers `k` on link `seq` (one listing that starts at `seq`'s claims)."""
     keys = storage.list_after(claims_folder(topic, chain), f"{seq - 1:012d}-999999.json")
     found = (claim_numbers(key) for key in keys)
-    return [n for n in found if n is not None and n[0] == seq]
+    return [n[1] for n in found if n is not None and n[0] == seq]

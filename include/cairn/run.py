@@ -173,9 +173,18 @@ def commit_run(
         files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
         publication = staging.Publication(move=[f.key for f in files])
         staging.prepare(storage, topic, planned.attempt_id, publication)
-    token = tokens.Token(
+    token = token_for(cfg, planned, report)
+    if not tokens.commit(storage, token, planned.claim):
+        log.info("topic %s: token %s was already committed by this attempt", topic, token.seq)
+    staging.publish(storage, topic, planned.attempt_id)
+    return _summary(planned, report, bootstrap)
+
+
+def token_for(cfg: TopicConfig, planned: Planned, report: manifest.VerifyReport) -> tokens.Token:
+    """The token a verified attempt commits."""
+    return tokens.Token(
         seq=planned.seq,
-        topic=topic,
+        topic=planned.topic,
         generation=cfg.generation,
         next_offsets=planned.plan.next_offsets,
         previous_offsets=planned.base_offsets,
@@ -188,10 +197,6 @@ def commit_run(
         planned_at=planned.planned_at,
         gaps=planned.plan.gaps,
     )
-    if not tokens.commit(storage, token, planned.claim):
-        log.info("topic %s: token %s was already committed by this attempt", topic, token.seq)
-    staging.publish(storage, topic, planned.attempt_id)
-    return _summary(planned, report, bootstrap)
 
 
 def _check_same_topic(bootstrap: str, planned: Planned) -> None:

@@ -215,21 +215,7 @@ class Scenario:
         keys = [f.key for f in files]
         topic = planned.topic
         staging.prepare(self.storage, topic, planned.attempt_id, staging.Publication(move=keys))
-        token = tokens.Token(
-            seq=planned.seq,
-            topic=topic,
-            generation=self.cfg.generation,
-            next_offsets=planned.plan.next_offsets,
-            previous_offsets=planned.base_offsets,
-            counts=report.counts,
-            manifest=None if planned.plan.empty else planned.manifest_key,
-            attempt_id=planned.attempt_id,
-            topic_id=planned.topic_id,
-            run_id=planned.run_id,
-            created_at=planned.planned_at,
-            planned_at=planned.planned_at,
-        )
-        tokens.commit(self.storage, token, planned.claim)
+        tokens.commit(self.storage, run.token_for(self.cfg, planned, report), planned.claim)
         for key in keys[: len(keys) // 2]:  # the rest stays staged until a run settles it
             self.storage.move(f"{attempts_folder(topic)}{planned.attempt_id}/{key}", key)
         return f"crash mid publish of token {planned.seq} ({len(keys) // 2}/{len(keys)} moved)"

@@ -23,6 +23,19 @@ def delete_records(kafka: str, topic: str, before: int) -> None:
     future.result(30)
 
 
+def recreate_topic(kafka: str, topic: str) -> None:
+    """Delete `topic` and create it again under the same name (with one partition)."""
+    admin = AdminClient({"bootstrap.servers": kafka})
+    admin.delete_topics([topic])[topic].result(30)
+    for _ in range(100):  # deletion completes asynchronously
+        try:
+            create_topic(kafka, topic, partitions=1)
+            return
+        except KafkaException:
+            time.sleep(0.2)
+    raise TimeoutError(f"could not recreate {topic}")
+
+
 @pytest.fixture
 def archived_twice(kafka, archiver, make_cfg, topic_name):
     """A one-partition topic archived by two runs: token 1 at offset 5, token 2 at 20."""
@@ -66,14 +79,7 @@ def test_records_deleted_before_archiving_fail_the_run_naming_the_range(
 def test_a_recreated_topic_with_fewer_records_is_named_as_recreated(
     kafka, archiver, archived_twice, topic_name
 ) -> None:
-    admin = AdminClient({"bootstrap.servers": kafka})
-    admin.delete_topics([topic_name])[topic_name].result(30)
-    for _ in range(50):  # deletion completes asynchronously
-        try:
-            create_topic(kafka, topic_name, partitions=1)
-            break
-        except KafkaException:
-            time.sleep(0.2)
+    recreate_topic(kafka, topic_name)
     produce(kafka, topic_name, [event(0, NOW)], partition=0)
 
     with pytest.raises(TopicRecreated, match="deleted and recreated"):

@@ -5,12 +5,11 @@ rebuilds that move records, retried commits and what readers see before a commit
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cairn import fence, manifest, rebuild, run, staging, tokens
@@ -23,7 +22,7 @@ from cairn.writer import KafkaRecord, write_partition
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once, event, fill
-from tests.integration.test_recovery import delete_records
+from tests.integration.test_recovery import delete_records, recreate_topic
 
 DAY = date(2024, 5, 1)
 NOON = datetime(2024, 5, 1, 12, tzinfo=UTC)
@@ -186,14 +185,7 @@ def test_a_recreated_topic_is_refused_and_archives_under_a_new_prefix(
     produce(kafka, topic_name, [event(i, NOW) for i in range(5)], partition=0)
     cfg = make_cfg(topic_name)
     archiver.run(cfg)
-    admin = AdminClient({"bootstrap.servers": kafka})
-    admin.delete_topics([topic_name])[topic_name].result(30)
-    for _ in range(100):  # deletion completes asynchronously
-        try:
-            create_topic(kafka, topic_name, partitions=1)
-            break
-        except KafkaException:
-            time.sleep(0.2)
+    recreate_topic(kafka, topic_name)
     produce(kafka, topic_name, [event(i, NOW) for i in range(100, 112)], partition=0)
     storage = archiver.storage(cfg)
     before = storage.list()
@@ -328,16 +320,7 @@ def test_a_retried_commit_after_the_token_was_created_succeeds(
             move=[f.key for f in manifest.load(storage, planned.manifest_key).files]
         ),
     )
-    token = tokens.Token(
-        seq=planned.seq,
-        topic=topic_name,
-        generation=1,
-        next_offsets=planned.plan.next_offsets,
-        attempt_id=planned.attempt_id,
-        run_id=planned.run_id,
-        created_at=NOW,
-        planned_at=NOW,
-    )
+    token = run.token_for(cfg, planned, report)
     storage.create(token_key(topic_name, planned.seq), token.model_dump_json().encode())
 
     summary = run.commit_run(cfg, storage, planned, report, archiver.bootstrap)
