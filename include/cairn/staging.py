@@ -50,8 +50,9 @@ def publish(storage: Storage, topic: str, attempt_id: str) -> Publication:
     prefix = attempt_prefix(topic, attempt_id)
     try:
         done = Publication.model_validate_json(storage.read(prefix + _PUBLICATION))
-    except FileNotFoundError:
-        return Publication(move=[])  # already published (the prefix is removed last)
+    except FileNotFoundError:  # already published; what is left is a late duplicate's writes
+        storage.delete_prefix(prefix)
+        return Publication(move=[])
     for key in done.move:
         storage.move(prefix + key, key)
     for key in done.delete:

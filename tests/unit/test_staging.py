@@ -108,3 +108,19 @@ def test_data_folders_show_nothing_of_an_attempt_before_its_token_commits(storag
 
     staging.publish(storage, TOPIC, claim.attempt_id)
     assert list(data_files(storage)) == [KEYS[0]]
+
+
+def test_late_writes_of_a_published_attempt_are_removed_and_never_published(storage):
+    """A duplicate Spark job of the same attempt (a retried task whose first job still ran)
+    keeps staging files after the commit published them: settling removes them, unpublished."""
+    claim = claim_next(storage)
+    written = stage(storage, claim.attempt_id, KEYS)
+    staging.prepare(storage, TOPIC, claim.attempt_id, Publication(move=KEYS))
+    tokens.commit(storage, make_token(1, {0: 4}, attempt_id=claim.attempt_id), claim)
+    staging.publish(storage, TOPIC, claim.attempt_id)
+    stage(storage, claim.attempt_id, [backup_key(TOPIC, 1, 0, 9)])  # the late duplicate
+
+    staging.settle(storage, TOPIC)
+
+    assert data_files(storage) == written
+    assert storage.list(attempt_prefix(TOPIC, claim.attempt_id)) == []
