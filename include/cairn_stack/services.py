@@ -94,7 +94,7 @@ def kafka(settings: StackSettings) -> Service:
         jars(settings, "kafka")
         if (data / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = kafka_cluster_id()
         fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)]
         done = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
@@ -184,6 +184,15 @@ def seaweedfs(settings: StackSettings) -> Service:
         ports=[master, volume, filer, settings.s3_port, *grpc.values()],
         healthy=lambda: port_open(settings.s3_port) and _bucket_ready(settings),
     )
+
+
+def kafka_cluster_id() -> str:
+    """A random KRaft cluster id, as Kafka's `Uuid.randomUuid` makes them: base64 of 16
+    bytes, never starting with `-`, which the storage tool would read as an option."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not found.startswith("-"):
+            return found
 
 
 def s3_options(settings: StackSettings) -> dict:

@@ -33,10 +33,12 @@ from cairn.storage import Storage
 from cairn.writer import KafkaRecord, write_partition
 from cairn_stack.demo import create_topic
 from spark_jobs.archive import archive
+from tests.integration.conftest import Archiver
 from tests.integration.test_rebuild import NOON
 
 SEEDS = [int(s) for s in os.environ.get("CAIRN_FAULT_SEEDS", "20261123").split(",")]
 STEPS = int(os.environ.get("CAIRN_FAULT_STEPS", "200"))
+S3_STEPS = int(os.environ.get("CAIRN_FAULT_S3_STEPS", "60"))  # each step costs more requests
 PARTITIONS = 2
 CONFIGS = ("", "timezone: Asia/Tokyo\n")  # the "fix" moves evening events to the next date
 
@@ -245,7 +247,8 @@ class Scenario:
             run.clean_run(self.cfg, self.storage, planned, self.archiver.bootstrap)
             yield "clean"
             if not planned.plan.empty:
-                archive(self.archiver.spark, planned, self.cfg, self.archiver.bootstrap, {})
+                archiver = self.archiver
+                archive(archiver.spark, planned, self.cfg, archiver.bootstrap, archiver.options)
             yield "spark"
             report = run.verify_run(self.storage, planned)
             yield "verify"
@@ -314,17 +317,24 @@ class Scenario:
         return f"catch up in {runs} runs"
 
 
+@pytest.mark.parametrize("root", ["file", "s3"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_faults_never_lose_or_double_a_record(
-    seed, kafka, archiver, make_cfg, topic_name
+    seed, root, kafka, archiver, make_cfg, topic_name, request, stack_settings
 ) -> None:
     create_topic(kafka, topic_name, partitions=PARTITIONS)
-    cfgs = [make_cfg(topic_name, "max_records_per_partition: 15\n" + c) for c in CONFIGS]
+    url, steps = None, STEPS
+    if root == "s3":  # the same sequence on the real S3 server, shorter
+        archiver = Archiver(archiver.spark, kafka, request.getfixturevalue("s3"))
+        url = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/faults-{topic_name}"
+        steps = S3_STEPS
+    extra = "max_records_per_partition: 15\n"
+    cfgs = [make_cfg(topic_name, extra + c, root=url) for c in CONFIGS]
     rng = random.Random(seed)
     scenario = Scenario(rng, archiver, Kafka(kafka, topic_name), cfgs)
     ops, weights = zip(*OPS.items(), strict=True)
     try:
-        for step in range(STEPS):
+        for step in range(steps):
             op = rng.choices(ops, weights)[0]
             scenario.history.append(f"{step}: {getattr(scenario, op)()}")
             check_below_token(scenario.storage, topic_name, scenario.kafka)
@@ -332,6 +342,6 @@ def test_random_faults_never_lose_or_double_a_record(
         check_matches_kafka(scenario.storage, topic_name, scenario.kafka)
     except Exception as err:
         replay = "\n".join(scenario.history[-40:])
-        pytest.fail(f"seed {seed} failed: {type(err).__name__}: {err}\nlast steps:\n{replay}")
-    print(f"seed {seed}: {STEPS} steps, {len(scenario.kafka.records)} records")
+        pytest.fail(f"seed {seed} ({root}) failed: {type(err).__name__}: {err}\n{replay}")
+    print(f"seed {seed} ({root}): {steps} steps, {len(scenario.kafka.records)} records")
     print(Counter(line.split(": ", 1)[1].split()[0] for line in scenario.history[:-1]))

@@ -357,3 +357,13 @@ def test_up_leaves_running_a_service_it_did_not_start(tmp_path, two_services, cl
 
     assert first.pid() == pid and alive(pid)
     assert not second.pidfile.exists()
+
+
+def test_kafka_cluster_ids_never_look_like_an_option(monkeypatch):
+    """A base64 id starting with '-' made `kafka-storage format -t <id>` fail (1 start in 64)."""
+    ids = iter([b"\xf8" + bytes(15), b"\x10" + bytes(15)])  # '-…' first, then a good one
+    monkeypatch.setattr(services.uuid, "uuid4", lambda: type("U", (), {"bytes": next(ids)}))
+
+    found = services.kafka_cluster_id()
+
+    assert found == "EAAAAAAAAAAAAAAAAAAAAA" and len(found) == 22
