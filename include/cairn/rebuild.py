@@ -161,8 +161,8 @@ def rebuild_source(
 ) -> RebuildResult:
     """Re-derive the records of `source` that R's files hold; stage the new files in `staged`.
 
-    Memory: the offsets to re-derive (8 bytes each, one backup file's worth at most) plus the
-    writer's bounded buffers. Files are named by their first record's offset with
+    Memory: the offsets to re-derive (one backup file's worth at most, packed 8 bytes each once
+    sorted) plus the writer's bounded buffers. Files are named by their first record's offset with
     `cfg.generation`, so rebuilding twice writes the same names.
     """
     wanted = array("q", sorted(_offsets(storage, source)))
