@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +18,11 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook, Variable
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from cairn import fence, staging
 from cairn.config import REPO, TOPICS_FILE, TopicConfig, find_topic, load_topics, resolve
-from cairn.errors import PermanentError
+from cairn.errors import PERMANENT_EXIT, PermanentError
 from cairn.plan import Plan
 from cairn.storage import OPTIONS_VARIABLE, Storage, s3_options
 
@@ -125,4 +126,9 @@ class CairnSparkOperator(SparkSubmitOperator):
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
-        super().execute(context)
+        try:
+            super().execute(context)
+        except AirflowException as err:
+            if re.search(rf"Error code is: {PERMANENT_EXIT}\b", str(err)):
+                raise AirflowFailException(f"{claim.label} stopped for good: {err}") from err
+            raise

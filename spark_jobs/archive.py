@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from cairn import fence, manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.errors import permanent_exit
 from cairn.plan import kafka_assign_json, kafka_json_offsets
 from cairn.run import Planned, load_planned
 from cairn.storage import Storage, options_from_env
@@ -117,7 +118,8 @@ def main() -> None:
     options = options_from_env()
     planned = load_planned(Storage(cfg.root.storage_url, **options), args.claim)
     spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
-    attempt = archive(spark, planned, cfg, os.environ["CAIRN_BOOTSTRAP_SERVERS"], options)
+    with permanent_exit():
+        attempt = archive(spark, planned, cfg, os.environ["CAIRN_BOOTSTRAP_SERVERS"], options)
     spark.stop()
     read = sum(attempt.records_read.values())
     print(f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}")

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from cairn import fence, staging
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.errors import permanent_exit
 from cairn.rebuild import (
     RebuildManifest,
     RebuildResult,
@@ -69,7 +70,8 @@ def main() -> None:
     options = options_from_env()
     chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
     spark = SparkSession.builder.appName(f"cairn-rebuild-{cfg.topic}").getOrCreate()
-    done = rebuild(spark, chosen, cfg, options)
+    with permanent_exit():
+        done = rebuild(spark, chosen, cfg, options)
     spark.stop()
     print(
         f"rebuilt {cfg.topic} {', '.join(map(str, done.dates))} from {len(done.sources)} backup "

@@ -5,8 +5,12 @@ rebuilds that move records, retried commits and what readers see before a commit
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -14,6 +18,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cairn import fence, manifest, rebuild, run, staging, tokens
 from cairn.cli import main as cli
+from cairn.config import REPO
+from cairn.errors import PERMANENT_EXIT
 from cairn.layout import token_key
 from cairn.plan import TopicRecreated
 from cairn.storage import Storage
@@ -347,3 +353,29 @@ def test_readers_see_nothing_of_an_attempt_until_its_token_commits(
     archiver.finish(cfg, planned)
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 6, 1: 6}))
     assert not storage.list(f"_attempts/{topic_name}/")
+
+
+def test_a_fenced_spark_job_exits_with_the_permanent_status_the_operator_does_not_retry(
+    kafka, archiver, make_cfg, topic_name, tmp_path
+) -> None:
+    create_topic(kafka, topic_name, partitions=1)
+    fill(kafka, topic_name, partitions=1, per_partition=3)
+    cfg = make_cfg(topic_name)
+    stale = archiver.plan(cfg)
+    archiver.plan(cfg)  # a newer attempt fences the first out
+    job = [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master",
+        "local[1]",
+        str(REPO / "spark_jobs" / "archive.py"),
+        *("--topic", topic_name, "--claim", stale.claim.key),
+        *("--topics-file", str(tmp_path / f"{topic_name}.yaml")),
+    ]
+    env = os.environ | {"CAIRN_BOOTSTRAP_SERVERS": kafka, "PYSPARK_PYTHON": sys.executable}
+
+    done = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
+
+    assert done.returncode == PERMANENT_EXIT, done.stderr[-2000:]
+    output = done.stdout + done.stderr  # the driver's output may arrive on either stream
+    assert "Fenced" in output and stale.attempt_id in output
+    assert not archiver.storage(cfg).list(f"_attempts/{topic_name}/")
