@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
     ports = free_port_block(11, step=2)
-    kafka, s3, master, volume, filer, airflow, logs, spark, spark_ui, worker_ui, pg = ports
+    kafka, s3, master, volume, filer, airflow, health, spark, spark_ui, worker_ui, pg = ports
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka,
@@ -42,7 +42,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         seaweed_volume_port=volume,
         seaweed_filer_port=filer,
         airflow_port=airflow,
-        airflow_log_port=logs,
+        airflow_health_port=health,
         spark_cluster_port=spark,
         spark_cluster_ui_port=spark_ui,
         spark_worker_ui_port=worker_ui,

@@ -88,6 +88,14 @@ class AirflowAPI:
             time.sleep(3)
         raise TimeoutError(f"runs of {dag_id} still unfinished after {timeout}s: {runs}")
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """A task attempt's log as the UI shows it."""
+        path = (
+            f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}"
+            f"/taskInstances/{task_id}/logs/{try_number}"
+        )
+        return json.dumps(self.call("GET", path)["content"])
+
     def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
         path = (
             f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}"

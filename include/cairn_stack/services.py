@@ -254,8 +254,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
         "AIRFLOW__API__BASE_URL": settings.airflow_url,
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.airflow_log_port),
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": settings.host,
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(settings.airflow_health_port),
     }
     for conn_id, value in conn.items():
         env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(value)
@@ -364,10 +365,13 @@ def airflow(settings: StackSettings) -> list[Service]:
         )
 
     api = ["api-server", "--host", settings.host, "--port", str(settings.airflow_port)]
+    # No log server: Airflow's binds every interface, and the api-server on this machine reads
+    # the task logs from the shared log folder anyway.
+    scheduler = ["scheduler", "--skip-serve-logs"]
     return [
         postgres(settings),
         service("airflow-api-server", api, [settings.airflow_port], "metadatabase"),
-        service("airflow-scheduler", ["scheduler"], [settings.airflow_log_port], "scheduler"),
+        service("airflow-scheduler", scheduler, [settings.airflow_health_port], "scheduler"),
         service("airflow-dag-processor", ["dag-processor"], [], "dag_processor"),
     ]
 

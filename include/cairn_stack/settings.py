@@ -29,8 +29,9 @@ class StackSettings(BaseSettings):
     seaweed_volume_port: int = 18080
     seaweed_filer_port: int = 18888
     airflow_port: int = 8080
-    airflow_log_port: int = 8793
-    """The scheduler's task-log server (Airflow's worker_log_server_port)."""
+    airflow_health_port: int = 8974
+    """The scheduler's health check server, on `host` only. The scheduler serves no task logs
+    over the network: the api-server reads them from the shared local log folder."""
     postgres_port: int = 5432
     """Airflow's metadata database (`services.postgres`)."""
 

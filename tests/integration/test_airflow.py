@@ -47,6 +47,9 @@ def test_triggered_run_drains_the_backlog_on_the_cluster_into_s3(
     assert first["ranges"] == {"0": [0, 60], "1": [0, 60]}
     assert first["counts"]["backup"] == 120 and first["more_waiting"] is True
     assert first["offset_lag"] == {"0": 40, "1": 40} and first["time_lag_seconds"] > 0
+    # task logs reach the UI from the shared log folder (the scheduler serves none itself)
+    run_id = next(r["dag_run_id"] for r in runs if by_run.get(r["dag_run_id"]) == committed[0])
+    assert "run summary" in airflow.task_log(DAG_ID, run_id, "commit")
 
 
 def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(

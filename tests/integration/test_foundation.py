@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +150,73 @@ def test_postgres_keeps_its_data_and_shuts_down_cleanly_with_a_client_connected(
             assert cur.fetchall() == [("x",)]
     finally:
         service.stop()
+
+
+def test_every_service_of_the_stack_listens_on_loopback_only(
+    airflow, kafka, s3, spark_cluster, stack_settings
+) -> None:
+    groups = {
+        int(path.read_text().split()[0]) for path in (stack_settings.state_dir / "pids").iterdir()
+    }
+    sockets = _listening_sockets()
+    found = []
+    for pid in _pids_in_groups(groups):
+        for inode in _socket_inodes(pid):
+            if inode in sockets:
+                found.append((_command(pid), *sockets[inode]))
+    assert {name for name, *_ in found} >= {"java", "weed"}  # Kafka, Spark, SeaweedFS seen
+    exposed = [(name, address, port) for name, address, port in found if not _loopback(address)]
+    assert not exposed, f"listening beyond loopback: {sorted(set(exposed))}"
+
+
+def _pids_in_groups(groups: set[int]) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) in groups:  # field 5: process group
+                pids.append(int(entry.name))
+    return pids
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:
+        pass
+    return inodes
+
+
+def _listening_sockets() -> dict[int, tuple[str, int]]:
+    """inode -> (local address, port) of every TCP socket in LISTEN state."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port = fields[1].split(":")
+            if fields[3] == "0A":  # LISTEN
+                found[int(fields[9])] = (address, int(port, 16))
+    return found
+
+
+def _loopback(address: str) -> bool:
+    """127.0.0.0/8 (hex, little-endian per 32-bit word) or ::1 or ::ffff:127.x in /proc form."""
+    if len(address) == 8:
+        return address.endswith("7F")
+    return address == "00000000000000000000000001000000" or (
+        address.startswith("0000000000000000FFFF0000") and address.endswith("7F")
+    )
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
