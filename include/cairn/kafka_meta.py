@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
@@ -74,14 +76,31 @@ def fetch_watermarks(
 def fetch_topic(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> TopicState:
     """The topic's id, watermarks and cleanup policy."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    try:
-        (described,) = admin.describe_topics(
-            TopicCollection([topic]), request_timeout=timeout
-        ).values()
-        topic_id = str(described.result(timeout).topic_id)
+    with _describing(bootstrap_servers, topic, timeout):
+        topic_id = _topic_id(admin, topic, timeout)
         resource = ConfigResource(ResourceType.TOPIC, topic)
         (configs,) = admin.describe_configs([resource], request_timeout=timeout).values()
         policy = configs.result(timeout)["cleanup.policy"].value or ""
+    watermarks = fetch_watermarks(bootstrap_servers, topic, timeout)
+    return TopicState(topic_id, watermarks, "compact" in policy.split(","))
+
+
+def fetch_topic_id(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> str:
+    """Only the topic's id: whether it is still the topic that was planned."""
+    with _describing(bootstrap_servers, topic, timeout):
+        return _topic_id(AdminClient({"bootstrap.servers": bootstrap_servers}), topic, timeout)
+
+
+def _topic_id(admin: AdminClient, topic: str, timeout: float) -> str:
+    (described,) = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout).values()
+    return str(described.result(timeout).topic_id)
+
+
+@contextlib.contextmanager
+def _describing(bootstrap_servers: str, topic: str, timeout: float) -> Iterator[None]:
+    """Admin errors named: a missing topic as TopicNotFound, the rest with topic and broker."""
+    try:
+        yield
     except KafkaException as err:
         if err.args and getattr(err.args[0], "code", lambda: None)() == (
             KafkaError.UNKNOWN_TOPIC_OR_PART
@@ -90,8 +109,6 @@ def fetch_topic(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> To
         raise KafkaException(
             f"cannot describe topic {topic!r} on {bootstrap_servers} within {timeout}s: {err}"
         ) from err
-    watermarks = fetch_watermarks(bootstrap_servers, topic, timeout)
-    return TopicState(topic_id, watermarks, "compact" in policy.split(","))
 
 
 def timestamps_at(

@@ -43,7 +43,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 from cairn import fence, staging, tokens
 from cairn.avro import read_metadata
 from cairn.errors import PermanentError
-from cairn.layout import DataFile, check_topic, folder_date, parse_data_key
+from cairn.layout import DataFile, chain_key, check_topic, folder_date, parse_data_key
 from cairn.manifest import FileEntry, VerificationFailed
 from cairn.storage import Storage
 from cairn.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
@@ -139,13 +139,14 @@ def select(
         return None
     sources = _sources(storage, topic, files)
 
-    def body(claim: fence.Claim) -> bytes:
-        chosen = Selection(claim=claim, dates=days, snapshot=snap, sources=sources)
-        return chosen.model_dump_json().encode()
+    def made(claim: fence.Claim) -> Selection:
+        return Selection(claim=claim, dates=days, snapshot=snap, sources=sources)
 
     base = fence.newest_link(storage, topic, "rebuild")
-    claim = fence.claim(storage, topic, "rebuild", base, run_id, body)
-    return load_selection(storage, claim.key)
+    claim = fence.claim(
+        storage, topic, "rebuild", base, run_id, lambda c: made(c).model_dump_json().encode()
+    )
+    return made(claim)
 
 
 def load_selection(storage: Storage, claim_key: str) -> Selection:
@@ -242,7 +243,7 @@ def finish_rebuild(
 def read_rebuild(storage: Storage, topic: str, seq: int) -> RebuildManifest | None:
     """Link `seq` of the topic's rebuild chain, if it exists."""
     try:
-        raw = storage.read(f"_rebuilds/{check_topic(topic)}/{seq:012d}.json")
+        raw = storage.read(chain_key(topic, "rebuild", seq))
     except FileNotFoundError:
         return None
     return RebuildManifest.model_validate_json(raw)

@@ -106,8 +106,8 @@ def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) ->
     if planned.empty and not planned.gaps and planned.next_offsets == base and not rewound:
         return None
 
-    def body(claim: fence.Claim) -> bytes:
-        made = Planned(
+    def made(claim: fence.Claim) -> Planned:
+        return Planned(
             claim=claim,
             topic=topic,
             run_id=run_id,
@@ -117,17 +117,18 @@ def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) ->
             plan=planned,
             planned_at=claim.created_at,
         )
-        return made.model_dump_json().encode()
 
     link = fence.Link(seq=token.seq, created_at=token.created_at) if token else None
-    claim = fence.claim(storage, topic, "archive", link, run_id, body)
-    return load_planned(storage, claim.key)
+    claim = fence.claim(
+        storage, topic, "archive", link, run_id, lambda c: made(c).model_dump_json().encode()
+    )
+    return made(claim)
 
 
 def clean_run(cfg: TopicConfig, storage: Storage, planned: Planned, bootstrap: str) -> list[str]:
-    """Settle other attempts and delete what a rewind un-committed, so the read cannot duplicate."""
+    """Delete what a rewind un-committed, so the read cannot duplicate (other attempts were
+    settled when planning: their staged files never reach the data folders)."""
     fence.check_live(storage, planned.claim)
-    staging.settle(storage, planned.topic)
     position = planned.base_offsets
     rewound = clean.rewound_backups(storage, planned.topic, position, cfg.generation)
     if not rewound:
@@ -167,17 +168,21 @@ def commit_run(
     publishing finishes what a crash interrupted.
     """
     topic = planned.topic
-    mine = fence.decided_for(storage, topic, "archive", planned.seq) == planned.attempt_id
-    if not mine:
+    if fence.decided_for(storage, topic, "archive", planned.seq) == planned.attempt_id:
+        log.info("topic %s: token %s was already committed by this attempt", topic, planned.seq)
+    else:
         _check_same_topic(bootstrap, planned)
-        files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
-        publication = staging.Publication(move=[f.key for f in files])
-        staging.prepare(storage, topic, planned.attempt_id, publication)
-    token = token_for(cfg, planned, report)
-    if not tokens.commit(storage, token, planned.claim):
-        log.info("topic %s: token %s was already committed by this attempt", topic, token.seq)
+        prepare_publication(storage, planned)
+        tokens.commit(storage, token_for(cfg, planned, report), planned.claim)
     staging.publish(storage, topic, planned.attempt_id)
     return _summary(planned, report, bootstrap)
+
+
+def prepare_publication(storage: Storage, planned: Planned) -> None:
+    """Store what committing moves into the data folders: the files the manifest lists."""
+    files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
+    publication = staging.Publication(move=[f.key for f in files])
+    staging.prepare(storage, planned.topic, planned.attempt_id, publication)
 
 
 def token_for(cfg: TopicConfig, planned: Planned, report: manifest.VerifyReport) -> tokens.Token:
@@ -203,7 +208,7 @@ def _check_same_topic(bootstrap: str, planned: Planned) -> None:
     """The topic read must still be the one planned: recreated meanwhile, the records differ."""
     if planned.topic_id is None:
         return
-    now = kafka_meta.fetch_topic(bootstrap, planned.topic).topic_id
+    now = kafka_meta.fetch_topic_id(bootstrap, planned.topic)
     if now != planned.topic_id:
         raise TopicRecreated(
             f"topic {planned.topic!r} was deleted and recreated while {planned.attempt_id} ran "

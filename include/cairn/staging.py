@@ -51,13 +51,13 @@ def publish(storage: Storage, topic: str, attempt_id: str) -> Publication:
     try:
         done = Publication.model_validate_json(storage.read(prefix + _PUBLICATION))
     except FileNotFoundError:  # already published; what is left is a late duplicate's writes
-        storage.delete_prefix(prefix)
+        discard(storage, topic, attempt_id)
         return Publication(move=[])
     for key in done.move:
         storage.move(prefix + key, key)
     for key in done.delete:
         storage.delete(key)
-    storage.delete_prefix(prefix)
+    discard(storage, topic, attempt_id)
     return done
 
 

@@ -211,12 +211,11 @@ class Scenario:
             return "crash mid publish: nothing"
         self.archiver.write(self.cfg, planned)
         report = run.verify_run(self.storage, planned)
-        files = (
-            [] if planned.plan.empty else manifest.load(self.storage, planned.manifest_key).files
-        )
-        keys = [f.key for f in files]
+        run.prepare_publication(self.storage, planned)
+        keys = []
+        if not planned.plan.empty:
+            keys = [f.key for f in manifest.load(self.storage, planned.manifest_key).files]
         topic = planned.topic
-        staging.prepare(self.storage, topic, planned.attempt_id, staging.Publication(move=keys))
         tokens.commit(self.storage, run.token_for(self.cfg, planned, report), planned.claim)
         for key in keys[: len(keys) // 2]:  # the rest stays staged until a run settles it
             self.storage.move(f"{attempts_folder(topic)}{planned.attempt_id}/{key}", key)

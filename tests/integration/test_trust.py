@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cairn import fence, manifest, rebuild, run, staging, tokens
+from cairn import fence, rebuild, run, tokens
 from cairn.cli import main as cli
 from cairn.config import REPO
 from cairn.errors import PERMANENT_EXIT
@@ -318,14 +318,7 @@ def test_a_retried_commit_after_the_token_was_created_succeeds(
     archiver.write(cfg, planned)
     report = run.verify_run(storage, planned)
     # the conditional PUT succeeded but its response was lost: the token exists, nothing moved
-    staging.prepare(
-        storage,
-        topic_name,
-        planned.attempt_id,
-        staging.Publication(
-            move=[f.key for f in manifest.load(storage, planned.manifest_key).files]
-        ),
-    )
+    run.prepare_publication(storage, planned)
     token = run.token_for(cfg, planned, report)
     storage.create(token_key(topic_name, planned.seq), token.model_dump_json().encode())
 
