@@ -138,6 +138,18 @@ class Result:
     commit_seconds: float
     spread_hours: int
     job: JobRun
+    peers: list[PeerRun] = field(default_factory=list)
+
+
+@dataclass
+class PeerRun:
+    """A peer measured on the same topic in the same sitting, start to exit."""
+
+    name: str
+    seconds: float
+    records_per_second: float
+    peak_rss_mb: int
+    command: str
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -308,7 +320,21 @@ def spark_submit(
         "CAIRN_STORAGE_OPTIONS": "{}",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    peaks = Peaks(job=job)
+    return run_sampled(argv, log, timeout, label, env, Peaks(job=job), tasks)
+
+
+def run_sampled(
+    argv: list[str],
+    log: Path,
+    timeout: float,
+    label: str,
+    env: dict[str, str] | None = None,
+    peaks: Peaks | None = None,
+    tasks: int = 0,
+) -> tuple[float, Peaks]:
+    """Run a command to exit, sampling its process tree's RSS; returns its wall time and peaks.
+    With `tasks`, progress counts the Spark tasks its log reports finished."""
+    peaks = peaks or Peaks()
     with open(log, "wb") as out, _progress() as progress:
         task = progress.add_task(label, total=tasks)
         start = time.perf_counter()
@@ -324,12 +350,11 @@ def spark_submit(
         try:
             while proc.poll() is None:
                 if time.perf_counter() - start > timeout:
-                    raise BenchError(f"spark-submit still running after {timeout:.0f}s")
+                    raise BenchError(f"{argv[0]} still running after {timeout:.0f}s")
                 rss = peaks.sample(root)
-                done = _finished_tasks(log)
                 progress.update(
                     task,
-                    completed=done,
+                    completed=_finished_tasks(log) if tasks else 0,
                     description=f"{label} rss {rss / 2**20:,.0f} MB",
                 )
                 time.sleep(SAMPLE_EVERY)
@@ -342,7 +367,7 @@ def spark_submit(
         progress.update(task, completed=tasks)
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise BenchError(f"spark-submit exited {proc.returncode}; see {log}:\n{tail}")
+        raise BenchError(f"{argv[0]} exited {proc.returncode}; see {log}:\n{tail}")
     return seconds, peaks
 
 
@@ -381,6 +406,8 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         total = sum(w.high - w.low for w in in_kafka.values())
         if total != args.records:
             raise BenchError(f"{topic} holds {total} records, not {args.records}")
+
+        peers = run_peers(bootstrap, topic, args.records, work, args.timeout) if args.peers else []
 
         topics = work / "topics.yaml"
         cfg = topics_file(topics, topic, work / "archive", args.records)
@@ -453,7 +480,41 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             f"CAIRN_BOOTSTRAP_SERVERS={bootstrap} " + " ".join(shown),
             notes,
         ),
+        peers=peers,
     )
+
+
+def run_peers(bootstrap: str, topic: str, records: int, work: Path, timeout: float) -> list:
+    """Kafka's ConsumerPerformance (the read ceiling) and the hand-written archiver
+    (`naive_archiver.py`), each reading the whole topic once."""
+    jars = services.jars(StackSettings(), "kafka")
+    perf = [
+        *[services.java() or "java", "-Xmx512m", "-cp", f"{jars}/*"],
+        "org.apache.kafka.tools.ConsumerPerformance",
+        *["--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records)],
+        *["--timeout", "60000"],
+    ]
+    naive = [sys.executable, str(REPO / "benchmarks" / "naive_archiver.py")]
+    naive += [bootstrap, topic, str(work / "naive")]
+    found = []
+    for name, argv, log in [
+        ("Kafka ConsumerPerformance (read only)", perf, work / "consumer-perf.log"),
+        ("hand-written archiver (naive_archiver.py)", naive, work / "naive.log"),
+    ]:
+        seconds, peaks = run_sampled(argv, log, timeout, f"peer: {name}")
+        found.append(
+            PeerRun(
+                name=name,
+                seconds=round(seconds, 2),
+                records_per_second=round(records / seconds),
+                peak_rss_mb=round(peaks.total / 2**20),
+                command=" ".join(shlex.quote(a) for a in argv),
+            )
+        )
+    archived = re.search(r"archived (\d+) records", (work / "naive.log").read_text())
+    if archived is None or int(archived.group(1)) != records:
+        raise BenchError(f"the hand-written archiver did not archive {records}; see naive.log")
+    return found
 
 
 def delete_topic(bootstrap: str, topic: str) -> None:
@@ -540,6 +601,19 @@ def print_result(r: Result) -> None:
         ("output bytes", f"{r.output_bytes:,}"),
         ("verify, commit", f"{r.verify_seconds:.1f} s, {r.commit_seconds:.1f} s"),
     ]
+    for peer in r.peers:
+        rows += [
+            (
+                peer.name,
+                f"{peer.records_per_second:,} records/s, "
+                f"{r.value_bytes / peer.seconds / 1e6:.2f} MB/s, {peer.seconds:.1f} s, "
+                f"peak RSS {peer.peak_rss_mb:,} MB",
+            ),
+            (
+                "  Cairn / it",
+                f"{r.records_per_second / peer.records_per_second:.2f}x (same topic, same sitting)",
+            ),
+        ]
     print_rows("Cairn archive throughput", rows, r.job)
 
 
@@ -566,6 +640,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--payloads", type=int, default=10_000, help="distinct events")
     parser.add_argument("--spread-hours", type=int, default=48, help="event-time spread")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="first run Kafka's ConsumerPerformance and the hand-written archiver on the topic",
+    )
     add_common_options(parser)
     return parser.parse_args()
 
