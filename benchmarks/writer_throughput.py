@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for spark_jobs
 from archive_throughput import event_lines, topics_file
 
 from cairn import staging
-from cairn.parsing import KafkaCoords, compile_schema, parse_record
+from cairn.formats import open_format
+from cairn.formats.base import KafkaCoords
 from cairn.storage import Storage
 from cairn.writer import write_partition
 from spark_jobs.archive import records
@@ -90,7 +91,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cairn-writer-bench-"))
     cfg = topics_file(work / "topics.yaml", "bench.writer", work / "archive", args.records)
     data = batches("bench.writer", args.records, args.spread_hours, args.seed)
-    schema = compile_schema(cfg.user_schema or {})
+    json_format = open_format(cfg)
     now = datetime.now(UTC)
     staged = staging.staged(Storage(cfg.root.storage_url), cfg.topic, ATTEMPT)
 
@@ -100,7 +101,7 @@ def main() -> None:
 
     def parse() -> None:
         for r in records(iter(data)):
-            parse_record(r.value, cfg, schema, KafkaCoords(0, r.offset, r.timestamp), now)
+            json_format.parse(r.value, KafkaCoords(0, r.offset, r.timestamp), now)
 
     def write() -> None:
         result = write_partition(records(iter(data)), cfg, staged, now, ATTEMPT)
@@ -109,7 +110,7 @@ def main() -> None:
     n = args.records
     print(f"{n:,} records, {sum(b.nbytes for b in data) / 1e6:,.1f} MB of Arrow batches")
     timed("Arrow -> KafkaRecord (records())", n, convert)
-    timed("  + parse_record", n, parse)
+    timed("  + parse", n, parse)
     try:
         if args.profile:
             profile = cProfile.Profile()

@@ -82,5 +82,5 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
 
 
 for _cfg in configured_topics():
-    if _cfg.format == "json":
+    if _cfg.parses:
         globals()[f"rebuild__{dag_safe(_cfg.topic)}"] = rebuild_dag(_cfg)

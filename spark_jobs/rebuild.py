@@ -9,7 +9,8 @@ the driver then replaces the dates' files, or refuses and changes nothing
 
 The selection arrives by reference (the claim object holds it), so a rebuild of many dates is
 not limited by the command line. Storage credentials (fsspec options, JSON) come from
-CAIRN_STORAGE_OPTIONS.
+CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro topics) from
+CAIRN_SCHEMA_REGISTRIES.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pyspark.sql import SparkSession
 from cairn import fence, staging
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.errors import permanent_exit
+from cairn.formats import registries_from_env
 from cairn.rebuild import (
     RebuildManifest,
     RebuildResult,
@@ -43,6 +45,7 @@ def rebuild(
         return finish_rebuild(storage, cfg, chosen, [])  # a retry after it committed
     fence.check_live(storage, claim)
     url = storage.url
+    registries = registries_from_env()  # Schema Registry client configs, for avro topics
     staged_url = staging.staged(storage, chosen.snapshot.topic, chosen.claim.attempt_id).url
 
     def one(source: str) -> str:
@@ -51,6 +54,7 @@ def rebuild(
             cfg,
             Storage(url, **options),
             Storage(staged_url, **options),
+            registries=registries,
         )
         return result.model_dump_json()
 

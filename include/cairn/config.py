@@ -24,14 +24,18 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from cairn.avro import load_schema
+from cairn.formats import FORMATS, format_class
+from cairn.formats.base import EventTime, FieldError
 from cairn.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic
-from cairn.parsing import output_schema
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
@@ -53,15 +57,6 @@ SCHEDULE_PRESETS = {
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _CONN_ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
-_FIELD_PATH_RE = re.compile(r"[^.\s]+(\.[^.\s]+)*")
-
-
-class FieldError(ValueError):
-    """A cross-field check that still names the field to blame."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class ArchiveRoot(NamedTuple):
@@ -119,20 +114,6 @@ def dag_safe(topic: str) -> str:
     return topic.replace(".", "__dot__")
 
 
-class EventTime(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    field: str  # dotted path into the JSON object, e.g. `meta.ts`
-    encoding: Literal["epoch_seconds", "epoch_millis", "iso8601"]
-
-    @field_validator("field")
-    @classmethod
-    def _dotted(cls, value: str) -> str:
-        if not _FIELD_PATH_RE.fullmatch(value):
-            raise ValueError(f"{value!r} is not a dotted field path like 'ts' or 'meta.ts'")
-        return value
-
-
 class TopicConfig(BaseModel):
     """One entry of topics.yaml (after `defaults` are merged in).
 
@@ -146,7 +127,7 @@ class TopicConfig(BaseModel):
 
     topic: str | None = None
     pattern: str | None = None
-    format: Literal["json", "raw"]
+    format: str  # a name in cairn.formats.FORMATS
     event_time: EventTime | None = None
     time_source: Literal["event", "processing"] = "event"
     schema_file: str | None = Field(default=None, alias="schema")
@@ -159,6 +140,8 @@ class TopicConfig(BaseModel):
     codec: Literal["deflate", "snappy", "zstandard", "null"] = "deflate"
     new_partition_start: Literal["earliest", "latest"] = "earliest"
     accept_gaps: bool = False
+    format_settings: Any = Field(default=None, validate_default=True)
+    """The format's own section (`avro: {...}` for format avro), as its `Settings` model."""
 
     # Directory `schema` is relative to: that of the topics file (include/ by default).
     _base_dir: Path = PrivateAttr(default=INCLUDE_DIR)
@@ -169,6 +152,53 @@ class TopicConfig(BaseModel):
         if value is not None:
             dag_safe(value)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _format_section(cls, data: Any) -> Any:
+        """The entry's section named like its format holds that format's settings."""
+        if isinstance(data, dict) and "format_settings" in data:
+            raise FieldError("format_settings", "unknown key; a format's section is named after it")
+        if isinstance(data, dict) and data.get("format") in FORMATS and data["format"] in data:
+            data = dict(data)
+            data["format_settings"] = data.pop(data["format"])
+        return data
+
+    @model_serializer(mode="wrap")
+    def _format_section_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped as written: the settings under the format's name, so a dump loads again."""
+        data = handler(self)
+        settings = data.pop("format_settings", None)
+        if settings is not None:
+            data[self.format] = settings
+        return data
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        format_class(value)
+        return value
+
+    @field_validator("format_settings")
+    @classmethod
+    def _format_settings(cls, value: Any, info: ValidationInfo) -> BaseModel | None:
+        name = info.data.get("format")
+        if name is None:  # the format itself was refused
+            return None
+        model = FORMATS[name].Settings
+        if model is None:
+            if value is not None:
+                raise FieldError(name, f"{name} topics take no '{name}' section")
+            return None
+        if isinstance(value, model):
+            return value
+        try:
+            return model.model_validate(value or {})
+        except ValidationError as err:
+            first = err.errors(include_url=False)[0]
+            where = ".".join([name, *map(str, first["loc"])])
+            cause = (first.get("ctx") or {}).get("error")
+            raise FieldError(where, str(cause) if cause else first["msg"]) from None
 
     @field_validator("pattern")
     @classmethod
@@ -213,18 +243,6 @@ class TopicConfig(BaseModel):
     def _consistent(self) -> TopicConfig:
         if (self.topic is None) == (self.pattern is None):
             raise FieldError("topic", "give exactly one of 'topic' or 'pattern'")
-        if self.format == "raw":
-            if self.event_time is not None:
-                raise FieldError("event_time", "raw topics are backup only; remove it")
-            if self.schema_file is not None:
-                raise FieldError("schema", "raw topics are backup only; remove it")
-            return self
-        if self.schema_file is None:
-            raise FieldError("schema", "json topics need an Avro schema (.avsc)")
-        if self.time_source == "processing" and self.event_time is not None:
-            raise FieldError("event_time", "drop it, or drop time_source: processing")
-        if self.time_source == "event" and self.event_time is None:
-            raise FieldError("event_time", "json topics need event_time or time_source: processing")
         return self
 
     @property
@@ -233,12 +251,22 @@ class TopicConfig(BaseModel):
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
 
     @property
+    def parses(self) -> bool:
+        """Whether the format parses (partitioned and quarantine output), or is backup only."""
+        return FORMATS[self.format].parses
+
+    @property
     def tzinfo(self) -> tzinfo:
         return ZoneInfo(self.timezone)
 
     @property
     def root(self) -> ArchiveRoot:
         return parse_archive_root(self.archive_root)
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative paths of the entry (`schema`, format files) start from."""
+        return self._base_dir
 
     @property
     def schema_path(self) -> Path | None:
@@ -277,8 +305,9 @@ def load_topics(path: str | Path) -> LoadResult:
     """Load every valid entry of a topics file; collect what is wrong with the others.
 
     `defaults` are merged into each entry shallowly (an entry's `event_time` replaces the
-    default's whole). Schemas are read now so a missing or clashing .avsc is an entry error here,
-    not a failed run later. A file that is not YAML at all raises.
+    default's whole). Each entry's format then checks it (`cairn.formats`), reading its schemas
+    now so a missing or clashing .avsc is an entry error here, not a failed run later. A file
+    that is not YAML at all raises.
     """
     path = Path(path)
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -314,12 +343,11 @@ def load_topics(path: str | Path) -> LoadResult:
             errors.append(TopicConfigError(label, "", "listed more than once"))
             continue
         cfg._base_dir = path.resolve().parent
-        if cfg.format == "json":
-            try:
-                output_schema(cfg.user_schema or {})
-            except ValueError as err:
-                errors.append(TopicConfigError(label, "schema", str(err)))
-                continue
+        try:
+            FORMATS[cfg.format].check(cfg)
+        except FieldError as err:
+            errors.append(TopicConfigError(label, err.field, str(err)))
+            continue
         seen.add(cfg.label)
         topics.append(cfg)
     return LoadResult(topics, errors)

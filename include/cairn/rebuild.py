@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 from cairn import fence, staging, tokens
 from cairn.avro import read_metadata
 from cairn.errors import PermanentError
+from cairn.formats import Registries
 from cairn.layout import DataFile, chain_key, check_topic, folder_date, parse_data_key
 from cairn.manifest import FileEntry, VerificationFailed
 from cairn.storage import Storage
@@ -159,8 +160,11 @@ def rebuild_source(
     storage: Storage,
     staged: Storage,
     max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+    registries: Registries | None = None,
 ) -> RebuildResult:
     """Re-derive the records of `source` that R's files hold; stage the new files in `staged`.
+
+    `registries`: the Schema Registry client configurations the topic's format needs.
 
     Memory: the offsets to re-derive (one backup file's worth at most, packed 8 bytes each once
     sorted) plus the writer's bounded buffers. Files are named by their first record's offset with
@@ -172,7 +176,9 @@ def rebuild_source(
     processing_date = source.processing_time.astimezone(cfg.tzinfo).date()
     with contextlib.ExitStack() as uploads:  # on error, discards every upload still open
         files = OutputFiles(staged, cfg.codec, uploads)
-        out = ParsedWriter(cfg, files, source.processing_time, processing_date, max_open_files)
+        out = ParsedWriter(
+            cfg, files, source.processing_time, processing_date, max_open_files, registries
+        )
         out.source = source.key
         for verbatim in _backup_records(storage, source, out.topic):
             offset = verbatim["offset"]

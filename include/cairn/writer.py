@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pydantic import BaseModel, NonNegativeInt
 
 from cairn.avro import BACKUP_SCHEMA, QUARANTINE_SCHEMA, AvroFileWriter
+from cairn.formats import Registries, open_format
+from cairn.formats.base import KafkaCoords, Parsed, Quarantined
 from cairn.layout import DataKind, backup_key, partitioned_key, quarantine_key
 from cairn.manifest import FileEntry
-from cairn.parsing import KafkaCoords, Parsed, Quarantined, compile_schema, parse_record
 from cairn.storage import Storage
 
 if TYPE_CHECKING:
@@ -84,17 +85,22 @@ def write_partition(
     processing_time: datetime,
     attempt_id: str,
     max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+    registries: Registries | None = None,
 ) -> PartitionResult:
     """Write one Kafka partition's records (offset order) in one pass; see the module doc.
 
-    `storage` is the attempt's staging area. On any exception the files still open are
-    discarded and the exception propagates; files already written stay in staging, where a
-    retry of the same attempt rewrites them byte for byte (same records, same processing time).
+    `storage` is the attempt's staging area; `registries` holds the Schema Registry client
+    configurations the topic's format needs (`cairn.formats.open_format`). On any exception
+    the files still open are discarded and the exception propagates; files already written stay
+    in staging, where a retry of the same attempt rewrites them byte for byte (same records,
+    same processing time).
     """
     topic = check_write_args(cfg, processing_time, max_open_files)
     with contextlib.ExitStack() as uploads:  # on error, discards every upload still open
         files = OutputFiles(storage, cfg.codec, uploads)
-        writer = _PartitionWriter(cfg, topic, files, processing_time, max_open_files, attempt_id)
+        writer = _PartitionWriter(
+            cfg, topic, files, processing_time, max_open_files, attempt_id, registries
+        )
         for record in records:
             writer.write(record)
         return writer.finish()
@@ -186,12 +192,14 @@ class ParsedWriter:
         processing_time: datetime,
         quarantine_date: date,
         max_open_files: int,
+        registries: Registries | None = None,
     ) -> None:
         self.cfg, self.files, self.max_open = cfg, files, max_open_files
         self.topic = check_write_args(cfg, processing_time, max_open_files)
         self.processing_time, self.quarantine_date = processing_time, quarantine_date
         self.processing_ms = (processing_time - _EPOCH) // _MS
-        self.schema = compile_schema(cfg.user_schema or {})
+        self.format = open_format(cfg, registries)
+        self.schema = self.format.schema
         self.quarantine: _OpenFile | None = None
         self.partitioned: OrderedDict[str, _OpenFile] = OrderedDict()  # least recent first
         self.source = ""
@@ -199,7 +207,7 @@ class ParsedWriter:
 
     def parse(self, verbatim: dict[str, Any]) -> Parsed | Quarantined:
         coords = KafkaCoords(verbatim["partition"], verbatim["offset"], verbatim["timestamp"])
-        return parse_record(verbatim["value"], self.cfg, self.schema, coords, self.processing_time)
+        return self.format.parse(verbatim["value"], coords, self.processing_time)
 
     def write(self, verbatim: dict[str, Any], result: Parsed | Quarantined) -> None:
         partition, offset = verbatim["partition"], verbatim["offset"]
@@ -243,7 +251,7 @@ class ParsedWriter:
 
 
 class _PartitionWriter:
-    """The archive's writer: every record to backup, and (json topics) to `ParsedWriter`."""
+    """The archive's writer: every record to backup, and (formats that parse) to `ParsedWriter`."""
 
     def __init__(
         self,
@@ -253,14 +261,15 @@ class _PartitionWriter:
         processing_time: datetime,
         max_open_files: int,
         attempt_id: str,
+        registries: Registries | None,
     ) -> None:
         self.cfg, self.topic, self.files = cfg, topic, files
         self.processing_time, self.attempt_id = processing_time, attempt_id
         self.parsed: ParsedWriter | None = None
-        if cfg.format == "json":  # raw topics: backup only
+        if cfg.parses:  # raw topics: backup only
             # The quarantine folder is the processing date in the topic's timezone.
             day = processing_time.astimezone(cfg.tzinfo).date()
-            self.parsed = ParsedWriter(cfg, files, processing_time, day, max_open_files)
+            self.parsed = ParsedWriter(cfg, files, processing_time, day, max_open_files, registries)
         self.backup: _OpenFile | None = None
         self.records = 0
         self.last: KafkaRecord | None = None

@@ -122,7 +122,7 @@ def archive_run(
         files=[e for r in results.values() for e in r.files],
         processing_time=processing_time,
         created_at=datetime.now(UTC),
-        parses=cfg.format != "raw",
+        parses=cfg.parses,
     )
     manifest.save(storage, attempt)
     report = run.verify_run(storage, planned)  # checks the claim, verifies the staged files

@@ -1,20 +1,19 @@
+"""The JSON format (`cairn.formats.json`): values in, schema records or quarantine reasons out;
+and the parts every format shares (`cairn.formats.base`): event time, folders, output schema."""
+
 import io
 import json
+import tempfile
 from datetime import UTC, datetime
+from pathlib import Path
 
 import fastavro
 import pytest
 
 from cairn.avro import AvroFileWriter
 from cairn.config import TopicConfig
-from cairn.parsing import (
-    KafkaCoords,
-    Parsed,
-    Quarantined,
-    compile_schema,
-    output_schema,
-    parse_record,
-)
+from cairn.formats import open_format
+from cairn.formats.base import KafkaCoords, Parsed, Quarantined, output_schema
 
 USER_SCHEMA = {
     "type": "record",
@@ -35,7 +34,8 @@ USER_SCHEMA = {
         },
     ],
 }
-SCHEMA = compile_schema(USER_SCHEMA)
+SCHEMA_DIR = Path(tempfile.mkdtemp(prefix="cairn-test-json-"))
+(SCHEMA_DIR / "s.avsc").write_text(json.dumps(USER_SCHEMA))
 COORDS = KafkaCoords(partition=3, offset=41, timestamp=1_700_000_000_123)
 NOW = datetime(2024, 6, 1, 12, 30, tzinfo=UTC)
 TS_MS = 1_717_245_000_000  # 2024-06-01T12:30:00Z
@@ -45,7 +45,9 @@ def cfg(encoding: str = "epoch_millis", **extra) -> TopicConfig:
     base = {"topic": "t", "format": "json", "schema": "s.avsc"}
     if "time_source" not in extra:
         base["event_time"] = {"field": "meta.ts", "encoding": encoding}
-    return TopicConfig.model_validate(base | extra)
+    config = TopicConfig.model_validate(base | extra)
+    config._base_dir = SCHEMA_DIR
+    return config
 
 
 def value(ts=TS_MS, **fields) -> bytes:
@@ -53,7 +55,7 @@ def value(ts=TS_MS, **fields) -> bytes:
 
 
 def parse(raw, config=None) -> Parsed | Quarantined:
-    return parse_record(raw, config or cfg(), SCHEMA, COORDS, NOW)
+    return open_format(config or cfg()).parse(raw, COORDS, NOW)
 
 
 def reason(raw, config=None) -> str:
@@ -217,18 +219,6 @@ def test_five_megabyte_values():
     assert reason(value(n=big)).startswith("field 'n' does not fit the schema")
     assert reason(big.encode()).startswith("invalid JSON")
     assert reason(value(ts=big), cfg("iso8601")).startswith("event time field 'meta.ts'")
-
-
-def test_output_schema_appends_coordinates_and_refuses_clashes():
-    schema = output_schema(USER_SCHEMA)
-    names = [f["name"] for f in schema["fields"]]
-    assert names[-4:] == ["_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_event_time"]
-    assert USER_SCHEMA["fields"][-1]["name"] == "meta"  # input untouched
-    clash = {**USER_SCHEMA, "fields": [{"name": "_kafka_offset", "type": "long"}]}
-    with pytest.raises(ValueError, match="_kafka_offset"):
-        output_schema(clash)
-    with pytest.raises(ValueError):
-        output_schema({"type": "enum", "name": "E", "symbols": ["A"]})
 
 
 def test_unsafe_folder_is_quarantined_even_if_the_format_slipped_past_validation():

@@ -1,0 +1,110 @@
+"""JSON input: each Kafka value is one UTF-8 JSON object, mapped onto the topic's Avro schema.
+
+Fields the schema does not name are dropped; schema fields the object lacks take their default
+(or fail as missing). The event time is read from the JSON object itself, so its field need not
+be in the schema. Whatever fastavro would refuse to write is refused here, with a reason that
+names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any
+
+from fastavro.validation import ValidationError, validate
+
+from cairn.formats.base import (
+    FieldError,
+    KafkaCoords,
+    Parsed,
+    ParsingFormat,
+    Reject,
+    Topic,
+    type_name,
+)
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class JsonFormat(ParsingFormat):
+    name = "json"
+
+    @classmethod
+    def check(cls, topic: Topic) -> None:
+        if topic.event_time is not None and topic.event_time.encoding is None:
+            raise FieldError(
+                "event_time.encoding",
+                "json topics name the encoding: epoch_seconds, epoch_millis or iso8601",
+            )
+        super().check(topic)
+
+    def decode(
+        self, value: bytes | bytearray | memoryview, coords: KafkaCoords, processing_time: datetime
+    ) -> Parsed:
+        try:
+            text = str(value, "utf-8")
+        except UnicodeDecodeError as err:
+            raise Reject(f"invalid UTF-8 at byte {err.start}") from None
+        try:
+            obj = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as err:
+            raise Reject(f"invalid JSON: {err}") from None
+        if not isinstance(obj, dict):
+            raise Reject(f"JSON value is {type_name(obj)}, not an object")
+        filing = self.filing(obj, processing_time)
+
+        schema = self.schema
+        record, missing = {}, set()
+        for field in schema["fields"]:
+            name = field["name"]
+            if name in obj:
+                record[name] = obj[name]
+            elif "default" in field:
+                record[name] = field["default"]
+            else:
+                record[name] = None
+                missing.add(name)
+        parsed = self.parsed(record, coords, filing)
+        # The quick check first: with raise_errors=True fastavro builds an error object for every
+        # union branch that does not match, even on valid records; only a misfit pays for the
+        # reason.
+        if not validate(record, schema, raise_errors=False):
+            try:
+                validate(record, schema, raise_errors=True)
+            except ValidationError as err:
+                raise Reject(_mismatch(err, schema["name"], missing)) from None
+        if _ESCAPED_SURROGATE.search(text):
+            try:
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise Reject("string with a lone UTF-16 surrogate cannot be written") from None
+        return parsed
+
+
+def _mismatch(err: ValidationError, record_name: str, missing: set[str]) -> str:
+    """A short reason naming the field that does not fit.
+
+    fastavro names a field by its innermost record: top-level fields come out as plain names,
+    nested ones as `<Record fullname>.<field>`.
+    """
+    first = err.errors[0]
+    path = first.field.removeprefix(record_name + ".")
+    if path in missing:
+        return f"missing field '{path}'"
+    expected = sorted({_avro_type(e.schema) for e in err.errors if e.field == first.field})
+    return (
+        f"field '{path}' does not fit the schema: got {type_name(first.datum)}, "
+        f"expected {' or '.join(expected)}"
+    )
+
+
+def _avro_type(schema: Any) -> str:
+    if isinstance(schema, dict):
+        return str(schema.get("name") or schema.get("type"))
+    return "union" if isinstance(schema, list) else str(schema)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
