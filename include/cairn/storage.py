@@ -30,7 +30,7 @@ class Storage:
     """An archive root (`file:///path` or `s3://bucket/prefix`) and the objects under it.
 
     Keys are relative, `/`-separated paths such as `_tokens/orders/000000000001.json`.
-    `options` go to the fsspec filesystem (for S3: endpoint_url, key, secret, ...).
+    `options` go to the fsspec filesystem (for S3: `cairn.s3_access.s3_options`).
     """
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -228,16 +228,6 @@ OPTIONS_VARIABLE = "CAIRN_STORAGE_OPTIONS"
 
 def options_from_env() -> dict[str, Any]:
     return json.loads(os.environ.get(OPTIONS_VARIABLE) or "{}")
-
-
-def s3_options(key: str | None, secret: str | None, extra: dict[str, Any]) -> dict[str, Any]:
-    """fsspec/s3fs options from an Airflow-style S3 connection (login, password, extra)."""
-    options: dict[str, Any] = {"key": key, "secret": secret}
-    if extra.get("endpoint_url"):
-        options["endpoint_url"] = extra["endpoint_url"]
-    if extra.get("region_name"):
-        options["client_kwargs"] = {"region_name": extra["region_name"]}
-    return options
 
 
 def _is_precondition_failure(err: BaseException) -> bool:

@@ -38,6 +38,12 @@ def test_triggered_run_drains_the_backlog_on_the_cluster_into_s3(
     contents = read_archive(storage, E2E_TOPIC)
     assert_exactly_once(contents, all_offsets({0: 100, 1: 100}))
     assert len(coords(contents.backup)) == 200
+    # The stack's connection asks for SSE-S3: the Spark job's files, the manifests, the tokens
+    # and the published copies all carry it.
+    bucket = stack_settings.bucket
+    for key in storage.list():
+        head = storage.fs.call_s3("head_object", Bucket=bucket, Key=f"{E2E_PREFIX}/{key}")
+        assert head.get("ServerSideEncryption") == "AES256", key
 
     by_run = {t.run_id: t for t in committed}
     summaries = [
