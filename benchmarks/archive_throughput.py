@@ -46,6 +46,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from cairn import kafka_meta, manifest, run
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
+from cairn.kafka_conf import KafkaConf
 from cairn.storage import Storage
 from cairn.writer import DEFAULT_MAX_OPEN_FILES
 from cairn_stack import services
@@ -279,10 +280,12 @@ def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]], job: Pa
 def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> run.Planned:
     """Plan (claiming the next token) and clean as the archive DAG does; the plan must read
     everything in Kafka in one run."""
-    planned = run.plan_run(cfg, storage, bootstrap, f"bench-{uuid.uuid4().hex[:6]}")
+    planned = run.plan_run(
+        cfg, storage, KafkaConf.from_bootstrap(bootstrap), f"bench-{uuid.uuid4().hex[:6]}"
+    )
     if planned is None:
         raise BenchError(f"topic {cfg.topic}: nothing to archive (plan_run returned None)")
-    run.clean_run(cfg, storage, planned, bootstrap)
+    run.clean_run(cfg, storage, planned, KafkaConf.from_bootstrap(bootstrap))
     if planned.plan.capped:
         raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
     return planned
@@ -402,7 +405,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         payloads.write_bytes(b"\n".join(event_lines(args.payloads, args.spread_hours, args.seed)))
         produce_s = produce(bootstrap, topic, args.records, payloads, work / "producer.log")
         console.print(f"produced {args.records:,} records to {topic} in {produce_s:.1f}s")
-        in_kafka = kafka_meta.fetch_watermarks(bootstrap, topic)
+        in_kafka = kafka_meta.fetch_watermarks(KafkaConf.from_bootstrap(bootstrap), topic)
         total = sum(w.high - w.low for w in in_kafka.values())
         if total != args.records:
             raise BenchError(f"{topic} holds {total} records, not {args.records}")
@@ -429,7 +432,9 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             verify_s = time.perf_counter() - t
         with console.status("committing"):
             t = time.perf_counter()
-            summary = run.commit_run(cfg, storage, planned, report, bootstrap)
+            summary = run.commit_run(
+                cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap)
+            )
             commit_s = time.perf_counter() - t
         c = summary.counts
         if (c.read, c.backup, c.partitioned + c.quarantined) != (args.records,) * 3:

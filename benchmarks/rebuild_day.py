@@ -52,6 +52,7 @@ from archive_throughput import (
 
 from cairn import kafka_meta, manifest, rebuild, run, tokens
 from cairn.config import TopicConfig
+from cairn.kafka_conf import KafkaConf
 from cairn.manifest import FileEntry
 from cairn.storage import Storage
 from cairn_stack.demo import create_topic
@@ -116,7 +117,9 @@ def archive_once(
     argv = spark_argv(planned, topics, args.driver_memory)
     seconds, _ = spark_submit(argv, bootstrap, len(planned.plan.to_read), log, args.timeout)
     report = run.verify_run(storage, planned)
-    counts = run.commit_run(cfg, storage, planned, report, bootstrap).counts
+    counts = run.commit_run(
+        cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap)
+    ).counts
     if (counts.read, counts.backup, counts.partitioned) != (expected,) * 3:
         raise BenchError(f"archive run committed {counts}, expected {expected} records; see {log}")
     return seconds
@@ -153,7 +156,7 @@ def archive_history(
                 if count:
                     produce(bootstrap, topic, count, payload, work / "producer.log")
             total += a + b
-            in_kafka = kafka_meta.fetch_watermarks(bootstrap, topic)
+            in_kafka = kafka_meta.fetch_watermarks(KafkaConf.from_bootstrap(bootstrap), topic)
             if (held := sum(w.high - w.low for w in in_kafka.values())) != total:
                 raise BenchError(f"{topic} holds {held} records, not {total}")
             log = work / f"archive-{day}-{r}.log"

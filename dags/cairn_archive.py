@@ -19,9 +19,9 @@ from cairn.config import TopicConfig, dag_safe
 from cairn.manifest import VerifyReport
 from cairn_airflow import (
     CairnSparkOperator,
-    bootstrap_servers,
     configured_topics,
     fail_fast,
+    kafka_conf,
     storage,
 )
 
@@ -55,7 +55,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         def plan() -> dict | bool:
             run_id = get_current_context()["run_id"]
             with fail_fast():
-                planned = run.plan_run(cfg, storage(cfg), bootstrap_servers(), run_id)
+                planned = run.plan_run(cfg, storage(cfg), kafka_conf(), run_id)
             if planned is None:
                 log.info("topic %s: nothing new in Kafka; no Spark job, no token", topic)
                 return False
@@ -66,7 +66,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         def clean(planned: dict) -> list[str]:
             with fail_fast():
                 return run.clean_run(
-                    cfg, storage(cfg), run.Planned.model_validate(planned), bootstrap_servers()
+                    cfg, storage(cfg), run.Planned.model_validate(planned), kafka_conf()
                 )
 
         @task
@@ -83,7 +83,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
                     storage(cfg),
                     run.Planned.model_validate(planned),
                     VerifyReport.model_validate(report),
-                    bootstrap_servers(),
+                    kafka_conf(),
                 )
             log.info("run summary: %s", summary.model_dump_json(indent=2))
             return summary.model_dump(mode="json")

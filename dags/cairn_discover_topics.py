@@ -10,9 +10,9 @@ import json
 from datetime import datetime
 
 from airflow.sdk import DAG, Variable, task
-from confluent_kafka.admin import AdminClient
 
-from cairn_airflow import TOPICS_VARIABLE, bootstrap_servers
+from cairn import kafka_meta
+from cairn_airflow import TOPICS_VARIABLE, fail_fast, kafka_conf
 
 with DAG(
     dag_id="cairn_discover_topics",
@@ -27,8 +27,8 @@ with DAG(
 
     @task
     def discover() -> list[str]:
-        metadata = AdminClient({"bootstrap.servers": bootstrap_servers()}).list_topics(timeout=30)
-        names = sorted(name for name in metadata.topics if not name.startswith("__"))
+        with fail_fast():
+            names = kafka_meta.list_topic_names(kafka_conf())
         Variable.set(TOPICS_VARIABLE, json.dumps(names))
         return names
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook, Variable
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -23,8 +24,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from cairn import fence, staging
 from cairn.config import REPO, TOPICS_FILE, TopicConfig, find_topic, load_topics, resolve
 from cairn.errors import PERMANENT_EXIT, PermanentError
+from cairn.formats import REGISTRIES_VARIABLE, registry_ids
+from cairn.formats.avro import registry_config
+from cairn.kafka_conf import KafkaConf, KafkaConfigError
 from cairn.plan import Plan
-from cairn.storage import OPTIONS_VARIABLE, Storage, s3_options
+from cairn.s3_access import connection_options
+from cairn.storage import OPTIONS_VARIABLE, Storage
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +51,48 @@ def configured_topics() -> list[TopicConfig]:
     return resolve(entries, known)
 
 
-def bootstrap_servers() -> str:
-    extra = BaseHook.get_connection(KAFKA_CONN_ID).extra_dejson
-    servers = extra.get("bootstrap.servers")
-    if not servers:
-        raise ValueError(f"Airflow connection {KAFKA_CONN_ID!r} has no 'bootstrap.servers' extra")
-    return servers
+def kafka_conf() -> KafkaConf:
+    """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
+    configuration, checked to be usable by every client Cairn runs (`cairn.kafka_conf`)."""
+    conn = BaseHook.get_connection(KAFKA_CONN_ID)
+    label = f"Airflow connection {KAFKA_CONN_ID!r}"
+    if conn.conn_type != "kafka":
+        raise KafkaConfigError(f"{label} is of type {conn.conn_type!r}; make it a 'kafka' one")
+    return KafkaConf(conn.extra_dejson, label)
 
 
-def storage_options(cfg: TopicConfig) -> dict[str, Any]:
-    """fsspec options for the topic's archive root; S3 credentials from its Airflow connection."""
+def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, Any]:
+    """fsspec options for the topic's archive root. An S3 root's connection is an AWS
+    connection, resolved by the Amazon provider (keys, session token, assumed role, profile,
+    endpoint, region); `for_spark` leaves the keys out when the cluster uses its own role."""
     root = cfg.root
     if root.scheme == "file":
         return {}
-    conn = BaseHook.get_connection(root.conn_id)
-    return s3_options(conn.login, conn.password, conn.extra_dejson)
+    hook = AwsBaseHook(aws_conn_id=root.conn_id, client_type="s3")
+    conn = hook.conn_config
+    if not conn:  # the provider would fall back to the worker's own credentials
+        raise ValueError(f"topic {cfg.topic!r}: no Airflow connection {root.conn_id!r}")
+    return connection_options(
+        root.conn_id,
+        conn.extra_config,
+        conn.get_service_endpoint_url("s3"),
+        conn.region_name,
+        hook.get_credentials,
+        for_spark=for_spark,
+    )
+
+
+def schema_registries(cfg: TopicConfig) -> dict[str, dict[str, Any]]:
+    """Client configurations of the Schema Registries the topic's format reads (avro topics
+    with `avro.registry`), each from its Airflow connection: host (URL), port, login/password,
+    and client settings in the extra."""
+    found = {}
+    for conn_id in registry_ids(cfg):
+        conn = BaseHook.get_connection(conn_id)
+        found[conn_id] = registry_config(
+            conn.host or "", conn.port, conn.login, conn.password, conn.extra_dejson
+        )
+    return found
 
 
 def storage(cfg: TopicConfig) -> Storage:
@@ -85,8 +117,9 @@ class CairnSparkOperator(SparkSubmitOperator):
     no plan is too large for a command line. The claim is checked before submitting: a
     fenced-out attempt fails without retries and starts no Spark work, and so does a run that
     only records a position. Credentials and Kafka's address are resolved when the task runs
-    (never at DAG parse time) and reach the job as environment, not as arguments that show in
-    process listings.
+    (never at DAG parse time) and reach the job as environment (`CAIRN_KAFKA_CONFIG`,
+    `CAIRN_STORAGE_OPTIONS`, `CAIRN_SCHEMA_REGISTRIES`), not as arguments that show in process
+    listings.
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "payload")
@@ -115,14 +148,17 @@ class CairnSparkOperator(SparkSubmitOperator):
             return
         with fail_fast():
             fence.check_live(archive, claim)
+            kafka = kafka_conf()
+            kafka.spark_options()  # a setting Spark cannot use fails here, before submitting
         jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
         if not jars:
             raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")
         self.jars = ",".join(map(str, jars))
         self.application_args = ["--topic", self.topic, "--claim", claim.key]
         self.env_vars = {
-            OPTIONS_VARIABLE: json.dumps(storage_options(cfg)),
-            "CAIRN_BOOTSTRAP_SERVERS": bootstrap_servers(),
+            OPTIONS_VARIABLE: json.dumps(storage_options(cfg, for_spark=True)),
+            **kafka.to_env(),
+            REGISTRIES_VARIABLE: json.dumps(schema_registries(cfg)),
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }

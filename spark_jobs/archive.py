@@ -5,17 +5,23 @@ in offset order (committed records only), as Arrow batches; `cairn.writer.write_
 streams them into backup, partitioned and quarantine files in the attempt's staging area; the
 driver gathers what was written into the attempt manifest.
 
-    CAIRN_BOOTSTRAP_SERVERS=host:9092 spark-submit --jars <spark-sql-kafka jars> \\
-        spark_jobs/archive.py --claim _claims/<topic>/archive/<seq>-<k>.json
+    CAIRN_KAFKA_CONFIG='{"config": {"bootstrap.servers": "host:9092"}}' \\
+        spark-submit --jars <spark-sql-kafka jars> \\
+        spark_jobs/archive.py --topic <topic> --claim _claims/<topic>/archive/<seq>-<k>.json
 
 The plan arrives by reference (the claim object holds it), so its size is not limited by the
-command line. Storage credentials (fsspec options, JSON) come from CAIRN_STORAGE_OPTIONS.
+command line. Secrets arrive as environment, never as arguments: the Kafka configuration
+(librdkafka settings, mapped to the Java client's by `cairn.kafka_conf`) in CAIRN_KAFKA_CONFIG
+(or only bootstrap servers in CAIRN_BOOTSTRAP_SERVERS), storage credentials (fsspec options,
+JSON) in CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro topics) in
+CAIRN_SCHEMA_REGISTRIES.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -25,6 +31,8 @@ from pyspark.sql import SparkSession
 from cairn import fence, manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.errors import permanent_exit
+from cairn.formats import registries_from_env
+from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn.plan import kafka_assign_json, kafka_json_offsets
 from cairn.run import Planned, load_planned
 from cairn.storage import Storage, options_from_env
@@ -54,8 +62,12 @@ def records(batches: Iterator[pa.RecordBatch]) -> Iterator[KafkaRecord]:
             )
 
 
+# The Java client's exceptions for a refused login or an untrusted broker certificate.
+REFUSED = re.compile(r"\b(\w*(?:AuthenticationException|SSLHandshakeException): [^\n]*)")
+
+
 def archive(
-    spark: SparkSession, planned: Planned, cfg: TopicConfig, bootstrap: str, options: dict
+    spark: SparkSession, planned: Planned, cfg: TopicConfig, kafka: KafkaConf, options: dict
 ) -> manifest.Manifest:
     """Read the planned ranges, stage every record, and save the attempt manifest.
 
@@ -68,10 +80,11 @@ def archive(
         spark.conf.set(key, value)
     staged_url = planned.staged(storage).url
     processing_time, attempt_id = planned.planned_at, planned.attempt_id
+    registries = registries_from_env()  # Schema Registry client configs, for avro topics
     starting, ending = kafka_json_offsets(planned.topic, planned.plan)
-    kafka = (
+    source = (
         spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**kafka.spark_options())
         .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
         .option("assign", kafka_assign_json(planned.topic, planned.plan))
         .option("startingOffsets", starting)
@@ -83,13 +96,21 @@ def archive(
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         out = Storage(staged_url, **options)
-        result = write_partition(records(batches), cfg, out, processing_time, attempt_id)
+        result = write_partition(
+            records(batches), cfg, out, processing_time, attempt_id, registries=registries
+        )
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 
-    results = [
-        PartitionResult.model_validate_json(row.result)
-        for row in kafka.mapInArrow(write, "result string").collect()
-    ]
+    try:
+        rows = source.mapInArrow(write, "result string").collect()
+    except Exception as err:
+        causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
+        if not causes:
+            raise
+        raise KafkaAccessDenied(
+            f"{kafka.describe()}: Spark's Kafka client was refused: {'; caused by '.join(causes)}"
+        ) from None
+    results = [PartitionResult.model_validate_json(row.result) for row in rows]
     attempt = manifest.Manifest(
         topic=planned.topic,
         attempt_id=planned.attempt_id,
@@ -101,7 +122,7 @@ def archive(
         processing_time=processing_time,
         created_at=datetime.now(UTC),
         gaps=planned.plan.gaps,
-        parses=cfg.format != "raw",
+        parses=cfg.parses,
     )
     fence.check_live(storage, planned.claim)
     manifest.save(storage, attempt)
@@ -116,10 +137,15 @@ def main() -> None:
     args = parser.parse_args()
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
+    kafka = KafkaConf.from_env(os.environ)
+    if kafka is None:
+        raise SystemExit(
+            "no Kafka configuration: set CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
+        )
     planned = load_planned(Storage(cfg.root.storage_url, **options), args.claim)
     spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
     with permanent_exit():
-        attempt = archive(spark, planned, cfg, os.environ["CAIRN_BOOTSTRAP_SERVERS"], options)
+        attempt = archive(spark, planned, cfg, kafka, options)
     spark.stop()
     read = sum(attempt.records_read.values())
     print(f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}")

@@ -31,12 +31,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
-    ports = free_port_block(11, step=2)
-    kafka, s3, master, volume, filer, airflow, health, spark, spark_ui, worker_ui, pg = ports
+    ports = free_port_block(12, step=2)
+    kafka, s3, master, volume, filer, airflow, health, spark, spark_ui, worker_ui, pg, sasl = ports
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka,
         kafka_controller_port=kafka + 1,
+        kafka_sasl_port=sasl,
         s3_port=s3,
         seaweed_master_port=master,
         seaweed_volume_port=volume,
@@ -57,6 +58,13 @@ def kafka(stack_settings: StackSettings) -> Iterator[str]:
     service.start(stack_settings.start_timeout)
     yield stack_settings.bootstrap_servers
     service.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_secured(kafka: str, stack_settings: StackSettings) -> dict[str, str]:
+    """The same broker's SASL_SSL listener (SCRAM-SHA-512 over TLS): librdkafka configuration
+    with the stack's user and CA, as a `kafka` Airflow connection's extra holds it."""
+    return stack_settings.kafka_sasl_config
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,14 @@
 """`python -m cairn tokens list|rewind` — inspect and rewind a topic's offset tokens.
 
-Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the Airflow-style
-variable `AIRFLOW_CONN_<CONN_ID>` (JSON) when it is set, else from the usual AWS variables.
-Kafka's address comes from `--bootstrap-servers` or `CAIRN_BOOTSTRAP_SERVERS`.
+Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the AWS connection
+`<conn_id>` given as the variable `AIRFLOW_CONN_<CONN_ID>` (JSON: keys, session token, profile,
+endpoint, region, Cairn's encryption settings; a `role_arn` is refused, see
+`cairn.s3_access.env_connection_options`); without it, the usual AWS variables, profile or
+instance role apply.
+Kafka's configuration (librdkafka settings, as a `kafka` Airflow connection's extra holds them,
+e.g. for SASL_SSL) comes from `--kafka-config FILE` (JSON, or `key=value` lines), else
+`--bootstrap-servers` (plaintext), else the variable `CAIRN_KAFKA_CONFIG` (JSON
+`{"config": {...}}`), else `CAIRN_BOOTSTRAP_SERVERS`.
 """
 
 from __future__ import annotations
@@ -15,19 +21,14 @@ from datetime import datetime
 
 from cairn import kafka_meta, tokens
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
-from cairn.storage import Storage, s3_options
+from cairn.kafka_conf import KafkaAccessDenied, KafkaConf, KafkaConfigError
+from cairn.s3_access import env_connection_options
+from cairn.storage import Storage
 
 
 def storage_for(cfg: TopicConfig) -> Storage:
     root = cfg.root
-    conn = os.environ.get(f"AIRFLOW_CONN_{(root.conn_id or '').upper()}")
-    if root.scheme == "s3" and conn:
-        spec = json.loads(conn)
-        return Storage(
-            root.storage_url,
-            **s3_options(spec.get("login"), spec.get("password"), spec.get("extra") or {}),
-        )
-    return Storage(root.storage_url)
+    return Storage(root.storage_url, **env_connection_options(root.conn_id, os.environ))
 
 
 def list_tokens(cfg: TopicConfig) -> int:
@@ -43,13 +44,27 @@ def list_tokens(cfg: TopicConfig) -> int:
     return 0
 
 
-def rewind(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    servers = args.bootstrap_servers or os.environ.get("CAIRN_BOOTSTRAP_SERVERS")
-    if not servers:
+def kafka_for(args: argparse.Namespace) -> KafkaConf:
+    """The Kafka configuration the arguments or the environment name (see the module doc)."""
+    if args.kafka_config:
+        return KafkaConf.from_file(args.kafka_config)
+    if args.bootstrap_servers:
+        return KafkaConf.from_bootstrap(args.bootstrap_servers, "--bootstrap-servers")
+    found = KafkaConf.from_env(os.environ)
+    if found is None:
         raise SystemExit(
-            "rewind needs Kafka: pass --bootstrap-servers or set CAIRN_BOOTSTRAP_SERVERS"
+            "rewind needs Kafka: pass --kafka-config FILE or --bootstrap-servers, or set "
+            "CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
         )
-    state = kafka_meta.fetch_topic(servers, cfg.topic)
+    return found
+
+
+def rewind(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    try:
+        state = kafka_meta.fetch_topic(kafka_for(args), cfg.topic)
+    except (KafkaConfigError, KafkaAccessDenied) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         deleted = tokens.rewind(
             storage_for(cfg),
@@ -77,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("list", help="list a topic's tokens").add_argument("topic")
     back = commands.add_parser("rewind", help="delete the newest tokens (refused past retention)")
     back.add_argument("topic")
-    back.add_argument("--bootstrap-servers")
+    kafka = back.add_mutually_exclusive_group()
+    kafka.add_argument("--kafka-config", metavar="FILE", help="librdkafka settings (JSON)")
+    kafka.add_argument("--bootstrap-servers", help="a plaintext cluster's bootstrap servers")
     how = back.add_mutually_exclusive_group(required=True)
     how.add_argument("--count", type=int, help="delete the newest COUNT tokens")
     how.add_argument("--to-seq", type=int, help="keep tokens up to this seq (0: delete all)")

@@ -1,16 +1,28 @@
-"""Kafka metadata for planning: a topic's identity, partitions, watermarks and cleanup policy."""
+"""Kafka metadata for planning: a topic's identity, partitions, watermarks and cleanup policy.
+
+Every client is made from the one `KafkaConf` and watches librdkafka's error callback: a refused
+login or an untrusted certificate fails at once as `KafkaAccessDenied`, naming the configuration
+and the cause, instead of surfacing as a timeout after the full wait.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn.plan import Watermarks
+
+DENIED = {
+    KafkaError._AUTHENTICATION: "check sasl.username and sasl.password",
+    KafkaError._SSL: "check ssl.ca.location or ssl.ca.pem (the CA that signed the broker)",
+}
+"""librdkafka errors a retry cannot fix, and what to check."""
 
 
 class TopicState(NamedTuple):
@@ -27,35 +39,73 @@ class TopicNotFound(Exception):
     """The topic does not exist on the cluster."""
 
 
-def fetch_watermarks(
-    bootstrap_servers: str, topic: str, timeout: float = 10.0
-) -> dict[int, Watermarks]:
+_CONSUMER = {
+    "enable.auto.commit": False,
+    "allow.auto.create.topics": False,
+    "isolation.level": "read_committed",
+}
+"""Cairn's consumers read by assignment, committed records only, and never create topics."""
+
+
+class _Client:
+    """A confluent-kafka client that remembers the errors librdkafka reported on the side."""
+
+    def __init__(self, kafka: KafkaConf, make: Callable[[dict], Any], **overrides: Any) -> None:
+        self.kafka = kafka
+        self.errors: list[KafkaError] = []
+        self.client = make(kafka.client_config({**overrides, "error_cb": self.errors.append}))
+
+    def check_access(self, poll: bool = True) -> None:
+        """Raise KafkaAccessDenied if Kafka refused the login or the TLS handshake."""
+        if poll:
+            self.client.poll(0)  # serves the error callback (nothing is assigned to consume)
+        for err in self.errors:
+            # A TLS error that is not about the certificate (a connection cut mid-handshake)
+            # may pass; a refused certificate or login will not.
+            if err.code() == KafkaError._AUTHENTICATION or (
+                err.code() == KafkaError._SSL and "certificate" in err.str()
+            ):
+                raise KafkaAccessDenied(
+                    f"{self.kafka.describe()}: Kafka refused the connection: {err.str()}; "
+                    f"{DENIED[err.code()]}"
+                )
+
+    def metadata(self, topic: str | None, timeout: float) -> Any:
+        """Cluster metadata (of `topic` only, if given), failing early when access is denied."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.client.list_topics(topic, timeout=min(1.0, timeout))
+            except KafkaException as err:
+                self.check_access()
+                if time.monotonic() >= deadline:
+                    what = f"metadata of topic {topic!r}" if topic else "the topic list"
+                    raise KafkaException(
+                        f"cannot read {what} from {self.kafka.describe()} within {timeout}s: {err}"
+                    ) from err
+
+
+def list_topic_names(kafka: KafkaConf, timeout: float = 30.0) -> list[str]:
+    """Every topic's name but Kafka's internal ones (`__…`), for topic patterns."""
+    admin = _Client(kafka, AdminClient)
+    names = admin.metadata(None, timeout).topics
+    return sorted(name for name in names if not name.startswith("__"))
+
+
+def fetch_watermarks(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> dict[int, Watermarks]:
     """Low and high watermark of every partition of `topic`.
 
     With `read_committed` the high watermark is the last stable offset, so a planned range never
     ends inside an open transaction. Never creates the topic.
     """
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": "cairn-planner",
-            "enable.auto.commit": False,
-            "allow.auto.create.topics": False,
-            "isolation.level": "read_committed",
-        }
-    )
+    reader = _Client(kafka, Consumer, **_CONSUMER, **{"group.id": "cairn-planner"})
+    consumer = reader.client
     try:
-        try:
-            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        except KafkaException as err:
-            raise KafkaException(
-                f"cannot read metadata of topic {topic!r} from {bootstrap_servers} "
-                f"within {timeout}s: {err}"
-            ) from err
+        metadata = reader.metadata(topic, timeout).topics.get(topic)
         if metadata is None or (
             metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
         ):
-            raise TopicNotFound(f"topic {topic!r} does not exist on {bootstrap_servers}")
+            raise TopicNotFound(f"topic {topic!r} does not exist on {kafka.describe()}")
         if metadata.error is not None:
             raise KafkaException(metadata.error)
         watermarks = {}
@@ -73,22 +123,25 @@ def fetch_watermarks(
         consumer.close()
 
 
-def fetch_topic(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> TopicState:
+def fetch_topic(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> TopicState:
     """The topic's id, watermarks and cleanup policy."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    with _describing(bootstrap_servers, topic, timeout):
-        topic_id = _topic_id(admin, topic, timeout)
+    admin = _Client(kafka, AdminClient)
+    admin.metadata(topic, timeout)  # reachable, and allowed in, before waiting on requests
+    with _describing(kafka, topic, timeout):
+        topic_id = _topic_id(admin.client, topic, timeout)
         resource = ConfigResource(ResourceType.TOPIC, topic)
-        (configs,) = admin.describe_configs([resource], request_timeout=timeout).values()
+        (configs,) = admin.client.describe_configs([resource], request_timeout=timeout).values()
         policy = configs.result(timeout)["cleanup.policy"].value or ""
-    watermarks = fetch_watermarks(bootstrap_servers, topic, timeout)
+    watermarks = fetch_watermarks(kafka, topic, timeout)
     return TopicState(topic_id, watermarks, "compact" in policy.split(","))
 
 
-def fetch_topic_id(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> str:
+def fetch_topic_id(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> str:
     """Only the topic's id: whether it is still the topic that was planned."""
-    with _describing(bootstrap_servers, topic, timeout):
-        return _topic_id(AdminClient({"bootstrap.servers": bootstrap_servers}), topic, timeout)
+    admin = _Client(kafka, AdminClient)
+    admin.metadata(topic, timeout)
+    with _describing(kafka, topic, timeout):
+        return _topic_id(admin.client, topic, timeout)
 
 
 def _topic_id(admin: AdminClient, topic: str, timeout: float) -> str:
@@ -97,7 +150,7 @@ def _topic_id(admin: AdminClient, topic: str, timeout: float) -> str:
 
 
 @contextlib.contextmanager
-def _describing(bootstrap_servers: str, topic: str, timeout: float) -> Iterator[None]:
+def _describing(kafka: KafkaConf, topic: str, timeout: float) -> Iterator[None]:
     """Admin errors named: a missing topic as TopicNotFound, the rest with topic and broker."""
     try:
         yield
@@ -105,14 +158,14 @@ def _describing(bootstrap_servers: str, topic: str, timeout: float) -> Iterator[
         if err.args and getattr(err.args[0], "code", lambda: None)() == (
             KafkaError.UNKNOWN_TOPIC_OR_PART
         ):
-            raise TopicNotFound(f"topic {topic!r} does not exist on {bootstrap_servers}") from None
+            raise TopicNotFound(f"topic {topic!r} does not exist on {kafka.describe()}") from None
         raise KafkaException(
-            f"cannot describe topic {topic!r} on {bootstrap_servers} within {timeout}s: {err}"
+            f"cannot describe topic {topic!r} on {kafka.describe()} within {timeout}s: {err}"
         ) from err
 
 
 def timestamps_at(
-    bootstrap_servers: str, topic: str, offsets: dict[int, int], timeout: float = 10.0
+    kafka: KafkaConf, topic: str, offsets: dict[int, int], timeout: float = 10.0
 ) -> dict[int, int]:
     """Kafka timestamp (millis) of the record at each partition's offset, for time lag.
 
@@ -120,22 +173,17 @@ def timestamps_at(
     """
     if not offsets:
         return {}
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": "cairn-lag",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "allow.auto.create.topics": False,
-            "fetch.max.bytes": 1024 * 1024,
-        }
+    lag_reader = _Client(
+        kafka, Consumer, **_CONSUMER, **{"group.id": "cairn-lag", "fetch.max.bytes": 1024 * 1024}
     )
+    consumer = lag_reader.client
     try:
         consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
         found: dict[int, int] = {}
         deadline = time.monotonic() + timeout
         while len(found) < len(offsets) and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
+            lag_reader.check_access(poll=False)
             if msg is None or msg.error() is not None:
                 continue
             p = msg.partition()

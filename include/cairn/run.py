@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from cairn import clean, fence, kafka_meta, manifest, staging, tokens
 from cairn.config import TopicConfig
+from cairn.kafka_conf import KafkaConf
 from cairn.layout import manifest_key
 from cairn.plan import Plan, TopicRecreated, lag, plan
 from cairn.storage import Storage
@@ -76,7 +77,7 @@ def load_planned(storage: Storage, claim_key: str) -> Planned:
     return Planned.model_validate_json(storage.read(claim_key))
 
 
-def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) -> Planned | None:
+def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) -> Planned | None:
     """Plan and claim the next token; None when there is nothing to read or record.
 
     First finishes publishing any committed run a crash interrupted, so the archive is whole
@@ -85,7 +86,7 @@ def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) ->
     topic = cfg.topic
     staging.settle(storage, topic)
     token = tokens.newest(storage, topic)
-    state = kafka_meta.fetch_topic(bootstrap, topic)
+    state = kafka_meta.fetch_topic(kafka, topic)
     args = (topic, token, state.watermarks, cfg.max_records_per_partition, cfg.new_partition_start)
     base = token.next_offsets if token else {}
     rewound = clean.rewound_backups(storage, topic, base, cfg.generation)
@@ -125,7 +126,7 @@ def plan_run(cfg: TopicConfig, storage: Storage, bootstrap: str, run_id: str) ->
     return made(claim)
 
 
-def clean_run(cfg: TopicConfig, storage: Storage, planned: Planned, bootstrap: str) -> list[str]:
+def clean_run(cfg: TopicConfig, storage: Storage, planned: Planned, kafka: KafkaConf) -> list[str]:
     """Delete what a rewind un-committed, so the read cannot duplicate (other attempts were
     settled when planning: their staged files never reach the data folders)."""
     fence.check_live(storage, planned.claim)
@@ -133,7 +134,7 @@ def clean_run(cfg: TopicConfig, storage: Storage, planned: Planned, bootstrap: s
     rewound = clean.rewound_backups(storage, planned.topic, position, cfg.generation)
     if not rewound:
         return []
-    low = {p: w.low for p, w in kafka_meta.fetch_watermarks(bootstrap, planned.topic).items()}
+    low = {p: w.low for p, w in kafka_meta.fetch_watermarks(kafka, planned.topic).items()}
     starts = {p: max(start, low.get(p, start)) for p, (start, _) in planned.plan.ranges.items()}
     clean.check_rereadable(planned.topic, rewound, starts, planned.compacted)
     deleted = clean.delete_rewound(storage, planned.topic, position)
@@ -160,7 +161,7 @@ def commit_run(
     storage: Storage,
     planned: Planned,
     report: manifest.VerifyReport,
-    bootstrap: str,
+    kafka: KafkaConf,
 ) -> Summary:
     """Create the token, then publish the run's staged files; only now is its output archived.
 
@@ -171,11 +172,11 @@ def commit_run(
     if fence.decided_for(storage, topic, "archive", planned.seq) == planned.attempt_id:
         log.info("topic %s: token %s was already committed by this attempt", topic, planned.seq)
     else:
-        _check_same_topic(bootstrap, planned)
+        _check_same_topic(kafka, planned)
         prepare_publication(storage, planned)
         tokens.commit(storage, token_for(cfg, planned, report), planned.claim)
     staging.publish(storage, topic, planned.attempt_id)
-    return _summary(planned, report, bootstrap)
+    return _summary(planned, report, kafka)
 
 
 def prepare_publication(storage: Storage, planned: Planned) -> None:
@@ -204,11 +205,11 @@ def token_for(cfg: TopicConfig, planned: Planned, report: manifest.VerifyReport)
     )
 
 
-def _check_same_topic(bootstrap: str, planned: Planned) -> None:
+def _check_same_topic(kafka: KafkaConf, planned: Planned) -> None:
     """The topic read must still be the one planned: recreated meanwhile, the records differ."""
     if planned.topic_id is None:
         return
-    now = kafka_meta.fetch_topic_id(bootstrap, planned.topic)
+    now = kafka_meta.fetch_topic_id(kafka, planned.topic)
     if now != planned.topic_id:
         raise TopicRecreated(
             f"topic {planned.topic!r} was deleted and recreated while {planned.attempt_id} ran "
@@ -216,17 +217,17 @@ def _check_same_topic(bootstrap: str, planned: Planned) -> None:
         )
 
 
-def _summary(planned: Planned, report: manifest.VerifyReport, bootstrap: str) -> Summary:
+def _summary(planned: Planned, report: manifest.VerifyReport, kafka: KafkaConf) -> Summary:
     """The run summary; Kafka failing to report lag does not undo a committed run."""
     next_offsets = planned.plan.next_offsets
     offset_lag: dict[int, int] = {}
     time_lag: float | None = None
     error = None
     try:
-        watermarks = kafka_meta.fetch_watermarks(bootstrap, planned.topic)
+        watermarks = kafka_meta.fetch_watermarks(kafka, planned.topic)
         offset_lag = lag(next_offsets, watermarks)
         behind = {p: next_offsets[p] for p, n in offset_lag.items() if n > 0 and p in next_offsets}
-        oldest = kafka_meta.timestamps_at(bootstrap, planned.topic, behind)
+        oldest = kafka_meta.timestamps_at(kafka, planned.topic, behind)
         now_ms = datetime.now(UTC).timestamp() * 1000
         time_lag = max(((now_ms - ts) / 1000 for ts in oldest.values()), default=0.0)
     except Exception as err:  # the token is committed; a lag query must not fail the run

@@ -38,7 +38,9 @@ def up(settings: StackSettings) -> None:
             service.stop()
         raise
     console.print(
-        f"Kafka      {settings.bootstrap_servers}\n"
+        f"Kafka      {settings.bootstrap_servers}  (SASL_SSL: {settings.host}:"
+        f"{settings.kafka_sasl_port}, SCRAM-SHA-512 user {settings.kafka_sasl_user}, "
+        f"CA {settings.kafka_ca_file})\n"
         f"S3         {settings.s3_endpoint}  bucket {settings.bucket}\n"
         f"Airflow UI {settings.airflow_url}  login {settings.airflow_user} / "
         f"{settings.airflow_password}"

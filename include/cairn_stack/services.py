@@ -21,7 +21,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from cairn import storage
+from cairn import s3_access
+from cairn_stack import certs
 from cairn_stack.process import Service, StackError, port_open
 from cairn_stack.settings import REPO, StackSettings
 
@@ -52,22 +53,35 @@ def jars(settings: StackSettings, group: str) -> Path:
 
 
 def kafka(settings: StackSettings) -> Service:
+    """A single KRaft node with two client listeners on `host`: PLAINTEXT on `kafka_port`, and
+    SASL_SSL (SCRAM-SHA-512 over TLS, certificates from `certs`) on `kafka_sasl_port`, whose
+    user is created when the storage is formatted. Brokers and controller talk PLAINTEXT."""
     state = settings.state_dir / "kafka"
     data = state / "data"
     props = state / "server.properties"
     state.mkdir(parents=True, exist_ok=True)
     host, port, cport = settings.host, settings.kafka_port, settings.kafka_controller_port
+    sport = settings.kafka_sasl_port
+    keystore = settings.kafka_ca_file.parent / certs.KEYSTORE_FILE
+    sasl_ssl = "listener.name.sasl_ssl"
     props.write_text(
         "\n".join(
             [
                 "process.roles=broker,controller",
                 "node.id=1",
                 f"controller.quorum.voters=1@{host}:{cport}",
-                f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-                f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport},"
+                f"SASL_SSL://{host}:{sport}",
+                f"advertised.listeners=PLAINTEXT://{host}:{port},SASL_SSL://{host}:{sport}",
                 "controller.listener.names=CONTROLLER",
                 "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+                "SASL_SSL:SASL_SSL",
+                "sasl.enabled.mechanisms=SCRAM-SHA-512",
+                f"{sasl_ssl}.scram-sha-512.sasl.jaas.config="
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                f"{sasl_ssl}.ssl.keystore.type=PEM",
+                f"{sasl_ssl}.ssl.keystore.location={keystore}",
                 f"log.dirs={data}",
                 "num.partitions=1",
                 "offsets.topic.replication.factor=1",
@@ -92,10 +106,14 @@ def kafka(settings: StackSettings) -> Service:
         if java() is None:
             raise StackError("kafka: no Java found (install Java 17+, or set JAVA_HOME)")
         jars(settings, "kafka")
+        certs.ensure_server_tls(settings.kafka_ca_file.parent, [host, "localhost"])
         if (data / "meta.properties").exists():
             return
         cluster_id = kafka_cluster_id()
+        user, password = settings.kafka_sasl_user, settings.kafka_sasl_password
+        scram = f"SCRAM-SHA-512=[name={user},password={password}]"
         fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)]
+        fmt += ["--add-scram", scram]
         done = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise StackError(f"kafka: formatting storage failed:\n{done.stdout}{done.stderr}")
@@ -104,8 +122,8 @@ def kafka(settings: StackSettings) -> Service:
         name="kafka",
         argv=[*jvm, "kafka.Kafka", str(props)],
         state_dir=settings.state_dir,
-        ports=[port, cport],
-        healthy=lambda: _kafka_ready(settings.bootstrap_servers),
+        ports=[port, cport, sport],
+        healthy=lambda: _kafka_ready(settings.bootstrap_servers) and port_open(sport, host),
         prepare=prepare,
     )
 
@@ -121,8 +139,18 @@ def _kafka_ready(bootstrap: str) -> bool:
 
 
 def seaweedfs(settings: StackSettings) -> Service:
+    """Master, volume server, filer and S3 gateway in one process, on `host`.
+
+    The S3 gateway gets a key-encryption key (made at first start, kept in the state folder),
+    so writes that ask for server-side encryption (`AES256`) are encrypted and answered as on
+    AWS instead of refused; `aws:kms` needs a KMS it does not have.
+    """
     state = settings.state_dir / "seaweedfs"
     (state / "data").mkdir(parents=True, exist_ok=True)
+    kek = state / "sse_kek"
+    if not kek.exists():
+        kek.write_text(secrets.token_hex(32))
+        kek.chmod(0o600)
     s3_config = state / "s3.json"
     s3_config.write_text(
         json.dumps(
@@ -183,6 +211,7 @@ def seaweedfs(settings: StackSettings) -> Service:
         state_dir=settings.state_dir,
         ports=[master, volume, filer, settings.s3_port, *grpc.values()],
         healthy=lambda: port_open(settings.s3_port) and _bucket_ready(settings),
+        env={"WEED_S3_SSE_KEK": kek.read_text()},
     )
 
 
@@ -197,8 +226,8 @@ def kafka_cluster_id() -> str:
 
 def s3_options(settings: StackSettings) -> dict:
     """fsspec/s3fs options for the stack's S3 endpoint."""
-    extra = {"endpoint_url": settings.s3_endpoint, "region_name": "us-east-1"}
-    return storage.s3_options(settings.s3_access_key, settings.s3_secret_key, extra)
+    credentials = s3_access.Credentials(settings.s3_access_key, settings.s3_secret_key)
+    return s3_access.s3_options(credentials, settings.s3_endpoint, "us-east-1")
 
 
 def _bucket_ready(settings: StackSettings) -> bool:
@@ -224,12 +253,19 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         secret_file.write_text(secrets.token_urlsafe(32))
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({settings.airflow_user: settings.airflow_password}))
-    kafka_conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": settings.bootstrap_servers}}
+    # The Kafka provider's connection type; its extra is librdkafka configuration. Airflow
+    # reaches Kafka as a secured cluster's client would: SASL_SSL, trusting the stack's CA.
+    kafka_conn = {"conn_type": "kafka", "extra": settings.kafka_sasl_config}
+    # The Amazon provider's type; every write asks for SSE-S3, which SeaweedFS here honours.
     s3_conn = {
         "conn_type": "aws",
         "login": settings.s3_access_key,
         "password": settings.s3_secret_key,
-        "extra": {"endpoint_url": settings.s3_endpoint, "region_name": "us-east-1"},
+        "extra": {
+            "endpoint_url": settings.s3_endpoint,
+            "region_name": "us-east-1",
+            "cairn": {"server_side_encryption": "AES256"},
+        },
     }
     spark_conn = {"conn_type": "spark", "host": settings.spark_master}
     conn = {

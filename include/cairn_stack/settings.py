@@ -24,6 +24,8 @@ class StackSettings(BaseSettings):
     host: str = "127.0.0.1"
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
+    kafka_sasl_port: int = 9094
+    """The broker's second listener: SASL_SSL (SCRAM-SHA-512 over TLS, `services.kafka`)."""
     s3_port: int = 8333
     seaweed_master_port: int = 9333
     seaweed_volume_port: int = 18080
@@ -38,6 +40,9 @@ class StackSettings(BaseSettings):
     s3_access_key: str = "cairn"
     s3_secret_key: str = "cairn-secret-key"
     bucket: str = "cairn-archive"
+    kafka_sasl_user: str = "cairn"
+    kafka_sasl_password: str = "cairn-kafka-secret"
+    """The SCRAM user the secured listener knows from its first start."""
 
     kafka_conn_id: str = "cairn_kafka"
     s3_conn_id: str = "cairn_s3"
@@ -64,6 +69,23 @@ class StackSettings(BaseSettings):
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def kafka_ca_file(self) -> Path:
+        """The CA that signed the secured listener's certificate (made at Kafka's first start)."""
+        return self.state_dir / "kafka" / "tls" / "ca.pem"
+
+    @property
+    def kafka_sasl_config(self) -> dict[str, str]:
+        """librdkafka configuration (a `kafka` connection's extra) for the secured listener."""
+        return {
+            "bootstrap.servers": f"{self.host}:{self.kafka_sasl_port}",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": self.kafka_sasl_user,
+            "sasl.password": self.kafka_sasl_password,
+            "ssl.ca.location": str(self.kafka_ca_file),
+        }
 
     @property
     def s3_endpoint(self) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from cairn import rebuild, run
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
+from cairn.kafka_conf import KafkaConf
 from cairn.layout import parse_data_key
 from cairn.storage import Storage
 from spark_jobs.archive import archive
@@ -53,24 +54,29 @@ def make_cfg(tmp_path: Path) -> Callable[..., TopicConfig]:
 @dataclass
 class Archiver:
     spark: object
-    bootstrap: str
+    kafka: KafkaConf | str
+    """The Kafka configuration, or only a plaintext listener's bootstrap servers."""
     options: dict
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kafka, str):
+            self.kafka = KafkaConf.from_bootstrap(self.kafka, "the test broker")
 
     def storage(self, cfg: TopicConfig) -> Storage:
         return Storage(cfg.root.storage_url, **self.options)
 
     def plan(self, cfg: TopicConfig) -> run.Planned | None:
-        return run.plan_run(cfg, self.storage(cfg), self.bootstrap, f"test-{uuid.uuid4().hex[:6]}")
+        return run.plan_run(cfg, self.storage(cfg), self.kafka, f"test-{uuid.uuid4().hex[:6]}")
 
     def write(self, cfg: TopicConfig, planned: run.Planned) -> None:
         """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
-        run.clean_run(cfg, self.storage(cfg), planned, self.bootstrap)
+        run.clean_run(cfg, self.storage(cfg), planned, self.kafka)
         if not planned.plan.empty:
-            archive(self.spark, planned, cfg, self.bootstrap, self.options)
+            archive(self.spark, planned, cfg, self.kafka, self.options)
 
     def finish(self, cfg: TopicConfig, planned: run.Planned) -> run.Summary:
         report = run.verify_run(self.storage(cfg), planned)
-        return run.commit_run(cfg, self.storage(cfg), planned, report, self.bootstrap)
+        return run.commit_run(cfg, self.storage(cfg), planned, report, self.kafka)
 
     def rebuild(self, cfg: TopicConfig, *days: date) -> rebuild.Selection | None:
         """One rebuild operation as the rebuild DAG drives it: select, then the Spark job."""

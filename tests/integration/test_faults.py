@@ -243,15 +243,15 @@ class Scenario:
         if planned is None:
             return
         try:
-            run.clean_run(self.cfg, self.storage, planned, self.archiver.bootstrap)
+            run.clean_run(self.cfg, self.storage, planned, self.archiver.kafka)
             yield "clean"
             if not planned.plan.empty:
                 archiver = self.archiver
-                archive(archiver.spark, planned, self.cfg, archiver.bootstrap, archiver.options)
+                archive(archiver.spark, planned, self.cfg, archiver.kafka, archiver.options)
             yield "spark"
             report = run.verify_run(self.storage, planned)
             yield "verify"
-            run.commit_run(self.cfg, self.storage, planned, report, self.archiver.bootstrap)
+            run.commit_run(self.cfg, self.storage, planned, report, self.archiver.kafka)
             yield "commit"
         except fence.Fenced:
             if self.rng.random() < 0.5:  # its Spark job had passed its check: it keeps writing

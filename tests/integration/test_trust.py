@@ -111,10 +111,10 @@ def test_a_newer_claim_fences_a_run_that_verified_and_no_record_is_lost(
     archiver.write(cfg, a)
     report = run.verify_run(storage, a)
     b = archiver.plan(cfg)
-    run.clean_run(cfg, storage, b, archiver.bootstrap)  # must not touch A's staged files
+    run.clean_run(cfg, storage, b, archiver.kafka)  # must not touch A's staged files
 
     with pytest.raises(fence.Fenced, match="fenced out"):
-        run.commit_run(cfg, storage, a, report, archiver.bootstrap)
+        run.commit_run(cfg, storage, a, report, archiver.kafka)
     assert tokens.newest(storage, topic_name) is None
 
     archiver.run(cfg)
@@ -138,7 +138,7 @@ def test_a_fenced_attempt_that_wins_the_commit_race_is_published_and_the_newer_o
 
     with monkeypatch.context() as patched:  # A's last check passed just before B's claim
         patched.setattr(fence, "check_live", lambda *_: None)
-        run.commit_run(cfg, storage, a, report, archiver.bootstrap)
+        run.commit_run(cfg, storage, a, report, archiver.kafka)
     with pytest.raises(fence.Fenced):
         archiver.write(cfg, b)
     with pytest.raises(fence.Fenced):
@@ -322,7 +322,7 @@ def test_a_retried_commit_after_the_token_was_created_succeeds(
     token = run.token_for(cfg, planned, report)
     storage.create(token_key(topic_name, planned.seq), token.model_dump_json().encode())
 
-    summary = run.commit_run(cfg, storage, planned, report, archiver.bootstrap)
+    summary = run.commit_run(cfg, storage, planned, report, archiver.kafka)
     again = run.commit_run(cfg, storage, planned, report, "127.0.0.1:1")  # Kafka unreachable
 
     assert summary.seq == again.seq == 1 and again.lag_error is not None
@@ -364,7 +364,7 @@ def test_a_fenced_spark_job_exits_with_the_permanent_status_the_operator_does_no
         *("--topic", topic_name, "--claim", stale.claim.key),
         *("--topics-file", str(tmp_path / f"{topic_name}.yaml")),
     ]
-    env = os.environ | {"CAIRN_BOOTSTRAP_SERVERS": kafka, "PYSPARK_PYTHON": sys.executable}
+    env = os.environ | archiver.kafka.to_env() | {"PYSPARK_PYTHON": sys.executable}
 
     done = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
 

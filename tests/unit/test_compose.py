@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
+from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
+from cairn.s3_access import S3Settings
 from cairn_stack.services import postgres_bin
 from cairn_stack.settings import StackSettings
 
@@ -34,6 +36,8 @@ AIRFLOW_SERVICES = (
 )
 REQUIRED_SERVICES = {
     "kafka",
+    "kafka-certs",
+    "kafka-scram-user",
     "seaweedfs",
     "create-bucket",
     "postgres",
@@ -41,12 +45,14 @@ REQUIRED_SERVICES = {
     "spark-worker",
     *AIRFLOW_SERVICES,
 }
-# service -> (settings field of its host port, port inside the container)
+# service -> [(settings field of its host port, port inside the container)]
 PUBLISHED = {
-    "kafka": ("kafka_port", 9092),
-    "seaweedfs": ("s3_port", 8333),
-    "airflow-apiserver": ("airflow_port", 8080),
+    "kafka": [("kafka_port", 9092), ("kafka_sasl_port", 9094)],
+    "seaweedfs": [("s3_port", 8333)],
+    "airflow-apiserver": [("airflow_port", 8080)],
 }
+# What the local stack's secured listener is (its clients' librdkafka settings).
+SECURED = StackSettings.model_construct().kafka_sasl_config
 
 # `$$` is compose's escape for a literal `$`, so only a single `$` interpolates.
 INTERPOLATION = re.compile(r"(?<!\$)\$\{(CAIRN_[A-Z0-9_]+):-([^}]*)\}")
@@ -118,6 +124,54 @@ def test_kafka_is_a_single_kraft_node(text, services):
     assert "zookeeper" not in text.lower()
 
 
+def listeners(kenv: dict[str, str], variable: str) -> dict[str, str]:
+    """`NAME://host:port,...` as {name: host:port}."""
+    return dict(item.split("://", 1) for item in kenv[variable].split(","))
+
+
+def test_kafka_has_the_stacks_secured_listener(compose, services):
+    kenv = env(services["kafka"])
+    protocols = dict(
+        item.split(":") for item in kenv["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+    )
+    advertised = listeners(kenv, "KAFKA_ADVERTISED_LISTENERS")
+    bound = listeners(kenv, "KAFKA_LISTENERS")
+    secured = {
+        name for name, protocol in protocols.items() if protocol == SECURED["security.protocol"]
+    }
+    assert secured == {"SECURED", "SECURED_HOST"}
+    # Host clients are told the host port, whatever CAIRN_KAFKA_SASL_PORT says.
+    assert advertised["SECURED_HOST"] == f"localhost:{ref('CAIRN_KAFKA_SASL_PORT')}"
+    assert bound["SECURED_HOST"] == ":9094" and bound["SECURED"] == ":19094"
+    assert all("SSL://" not in f"{name}://" for name in advertised)  # see the compose comment
+    assert kenv["KAFKA_INTER_BROKER_LISTENER_NAME"] == "PLAINTEXT"
+    assert kenv["KAFKA_SASL_ENABLED_MECHANISMS"] == SECURED["sasl.mechanism"]
+    jaas_file = re.search(r"java\.security\.auth\.login\.config=(\S+)", kenv["KAFKA_OPTS"]).group(1)
+    (jaas,) = [c for c in services["kafka"]["configs"] if c["target"] == jaas_file]
+    assert "ScramLoginModule required" in compose["configs"][jaas["source"]]["content"]
+
+    # The broker's PEM keystore is the one kafka-certs makes, for the names clients use.
+    assert kenv["KAFKA_SSL_KEYSTORE_TYPE"] == "PEM"
+    certs_mount = "kafka-certs:/etc/kafka/certs:ro"
+    assert certs_mount in services["kafka"]["volumes"]
+    assert kenv["KAFKA_SSL_KEYSTORE_LOCATION"] == "/etc/kafka/certs/server-keystore.pem"
+    maker = services["kafka-certs"]
+    assert maker["entrypoint"] == ["python", "-m", "cairn_stack.certs"]
+    folder, *hosts = [arg for arg in maker["command"] if not arg.startswith("--")]
+    assert f"kafka-certs:{folder}" in maker["volumes"]
+    assert {"kafka", "localhost", DEFAULTS["host"]} <= set(hosts)
+    assert services["kafka"]["depends_on"]["kafka-certs"]["condition"] == (
+        "service_completed_successfully"
+    )
+
+    # The SCRAM user is the settings' user, with the settings' password and mechanism.
+    scram = command(services["kafka-scram-user"])
+    assert f'--entity-name "{ref("CAIRN_KAFKA_SASL_USER")}"' in scram
+    mechanism = SECURED["sasl.mechanism"]
+    assert f'--add-config "{mechanism}=[password={ref("CAIRN_KAFKA_SASL_PASSWORD")}]"' in scram
+    assert "--bootstrap-server kafka:19092" in scram and bound["PLAINTEXT"] == ":19092"
+
+
 def test_airflow_is_3_with_local_executor(services):
     base = re.search(r"^FROM\s+apache/airflow:(\S+)", DOCKERFILE.read_text(), re.MULTILINE)
     assert base, "compose/airflow.Dockerfile must build FROM apache/airflow"
@@ -135,9 +189,9 @@ def test_airflow_is_3_with_local_executor(services):
 def test_published_ports_match_settings(services):
     published = {name: s["ports"] for name, s in services.items() if s.get("ports")}
     assert published.keys() == PUBLISHED.keys()
-    for name, (field, inner) in PUBLISHED.items():
-        var = f"CAIRN_{field.upper()}"
-        assert published[name] == [f"{ref(var)}:{inner}"], name
+    for name, ports in PUBLISHED.items():
+        expected = [f"{ref(f'CAIRN_{field.upper()}')}:{inner}" for field, inner in ports]
+        assert published[name] == expected, name
 
 
 def test_every_cairn_reference_has_the_settings_default(text):
@@ -176,10 +230,33 @@ def test_seaweedfs_s3_identity_uses_the_settings_credentials(compose, services):
     assert "-s3.port=8333" in command(seaweed)
 
 
+def test_seaweedfs_encrypts_on_request_as_the_local_stack_does(services):
+    assert re.fullmatch(r"[0-9a-f]{64}", env(services["seaweedfs"])["WEED_S3_SSE_KEK"])
+
+
+# The commented-out variants of the S3 connection, for AWS.
+AWS_EXAMPLE = re.compile(r"^\s*# AIRFLOW_CONN_CAIRN_S3: '(.*)'$", re.MULTILINE)
+
+
+def test_aws_connection_examples_are_valid_and_cover_role_encryption_and_instance_role(text):
+    examples = [json.loads(found) for found in AWS_EXAMPLE.findall(text)]
+    assert examples, "docker-compose.yml lost its example AWS connections"
+    settings = []
+    for example in examples:
+        assert example["conn_type"] == "aws"
+        wrapper = AwsConnectionWrapper.from_connection_metadata(
+            conn_id="cairn_s3", extra=example["extra"]
+        )
+        assert wrapper.endpoint_url is None and wrapper.region_name, example  # real AWS
+        settings.append((wrapper.role_arn, S3Settings.from_extra("cairn_s3", example["extra"])))
+    assert any(role for role, _ in settings)
+    assert any(s.server_side_encryption == "aws:kms" and s.sse_kms_key_id for _, s in settings)
+    assert any(s.spark_credentials == "instance" for _, s in settings)
+
+
 def test_airflow_connections_match_settings_ids(services):
     expected = {DEFAULTS[f].upper() for f in ("kafka_conn_id", "s3_conn_id", "spark_conn_id")}
-    advertised = env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    internal = next(a for a in advertised if a.startswith("PLAINTEXT://"))
+    internal = listeners(env(services["kafka"]), "KAFKA_ADVERTISED_LISTENERS")["SECURED"]
     for name in AIRFLOW_SERVICES:
         conns = {
             k.removeprefix("AIRFLOW_CONN_"): json.loads(v)
@@ -189,8 +266,20 @@ def test_airflow_connections_match_settings_ids(services):
         assert conns.keys() == expected, name
 
         kafka = conns[DEFAULTS["kafka_conn_id"].upper()]
-        assert kafka["conn_type"] == "kafka"
-        assert f"PLAINTEXT://{kafka['extra']['bootstrap.servers']}" == internal
+        assert kafka["conn_type"] == "kafka"  # the Kafka provider's: librdkafka settings
+        extra = kafka["extra"]
+        assert extra.keys() == SECURED.keys(), name  # as the local stack's connection
+        assert extra["bootstrap.servers"] == internal
+        for key in ("security.protocol", "sasl.mechanism"):
+            assert extra[key] == SECURED[key], (name, key)
+        login = (extra["sasl.username"], extra["sasl.password"])
+        assert login == (ref("CAIRN_KAFKA_SASL_USER"), ref("CAIRN_KAFKA_SASL_PASSWORD"))
+        folder, _, ca_file = extra["ssl.ca.location"].rpartition("/")
+        assert f"kafka-certs:{folder}:ro" in services[name]["volumes"], name
+        assert ca_file == SECURED["ssl.ca.location"].rsplit("/", 1)[1]
+        needs = services[name]["depends_on"]
+        if "kafka" in needs:  # (not airflow-init: it only migrates the database)
+            assert needs["kafka-scram-user"]["condition"] == "service_completed_successfully"
 
         s3 = conns[DEFAULTS["s3_conn_id"].upper()]
         assert s3["conn_type"] == "aws"

@@ -1,0 +1,238 @@
+"""The one Kafka configuration: librdkafka settings in, confluent-kafka and Spark options out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cairn.kafka_conf import (
+    ENV_VARIABLE,
+    KafkaConf,
+    KafkaConfigError,
+    jaas_quote,
+)
+from cairn_stack import certs
+
+LABEL = "Airflow connection 'cairn_kafka'"
+SECRET = "s3cr3t-pa55"
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB-the-ca\n-----END CERTIFICATE-----\n"
+CERT_PEM = "-----BEGIN CERTIFICATE-----\nMIIB-the-client\n-----END CERTIFICATE-----\n"
+KEY_PEM = "-----BEGIN PRIVATE KEY-----\nMIIE-the-key\n-----END PRIVATE KEY-----\n"
+SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def sasl_ssl(**more: object) -> dict:
+    return {
+        "bootstrap.servers": "b1:9094,b2:9094",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "cairn",
+        "sasl.password": SECRET,
+        **more,
+    }
+
+
+def test_plaintext_needs_only_bootstrap_servers():
+    kafka = KafkaConf.from_bootstrap("h:9092")
+    assert kafka.spark_options() == {
+        "kafka.bootstrap.servers": "h:9092",
+        "kafka.security.protocol": "PLAINTEXT",
+    }
+    assert kafka.client_config() == {"bootstrap.servers": "h:9092"}
+
+
+def test_sasl_ssl_scram_with_a_ca_file_maps_to_jaas_and_a_pem_truststore(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text(CA_PEM)
+    kafka = KafkaConf(sasl_ssl(**{"ssl.ca.location": str(ca), "client.id": "cairn"}), LABEL)
+    assert kafka.spark_options() == {
+        "kafka.bootstrap.servers": "b1:9094,b2:9094",
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.client.id": "cairn",
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": f'{SCRAM} required username="cairn" password="{SECRET}";',
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.certificates": CA_PEM,  # inline: executors need no file
+        "kafka.ssl.endpoint.identification.algorithm": "https",
+    }
+    # confluent-kafka takes the librdkafka settings as they are
+    assert kafka.client_config()["ssl.ca.location"] == str(ca)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "module"),
+    [
+        ("PLAIN", "org.apache.kafka.common.security.plain.PlainLoginModule"),
+        ("SCRAM-SHA-256", SCRAM),
+        ("scram-sha-512", SCRAM),
+    ],
+)
+def test_each_supported_mechanism_gets_its_login_module(mechanism, module):
+    settings = sasl_ssl(**{"security.protocol": "sasl_plaintext"})
+    del settings["sasl.mechanism"]
+    settings["sasl.mechanisms"] = mechanism  # librdkafka's older spelling
+    options = KafkaConf(settings).spark_options()
+    assert options["kafka.security.protocol"] == "SASL_PLAINTEXT"
+    assert options["kafka.sasl.mechanism"] == mechanism.upper()
+    assert options["kafka.sasl.jaas.config"].startswith(f"{module} required ")
+    assert not any(key.startswith("kafka.ssl.") for key in options)
+
+
+def test_jaas_values_are_quoted_for_kafkas_parser():
+    assert jaas_quote('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+    options = KafkaConf(sasl_ssl(**{"sasl.username": 'o"brien', "sasl.password": "x\\y"}))
+    jaas = options.spark_options()["kafka.sasl.jaas.config"]
+    assert 'username="o\\"brien" password="x\\\\y";' in jaas
+
+
+def test_pem_settings_make_the_truststore_and_keystore_and_none_turns_off_host_checks():
+    settings = sasl_ssl(
+        **{
+            "ssl.ca.pem": CA_PEM,
+            "ssl.certificate.pem": CERT_PEM,
+            "ssl.key.pem": KEY_PEM,
+            "ssl.key.password": "kp",
+            "ssl.endpoint.identification.algorithm": "none",
+        }
+    )
+    options = KafkaConf(settings).spark_options()
+    assert options["kafka.ssl.truststore.certificates"] == CA_PEM
+    assert options["kafka.ssl.keystore.type"] == "PEM"
+    assert options["kafka.ssl.keystore.certificate.chain"] == CERT_PEM
+    assert options["kafka.ssl.keystore.key"] == KEY_PEM
+    assert options["kafka.ssl.key.password"] == "kp"
+    assert options["kafka.ssl.endpoint.identification.algorithm"] == ""
+
+
+def test_key_files_are_read_and_a_pkcs12_keystore_is_passed_on(tmp_path):
+    (tmp_path / "c.pem").write_text(CERT_PEM)
+    (tmp_path / "k.pem").write_text(KEY_PEM)
+    files = {"ssl.certificate.location": str(tmp_path / "c.pem")}
+    files["ssl.key.location"] = str(tmp_path / "k.pem")
+    options = KafkaConf({**sasl_ssl(), **files}).spark_options()
+    assert options["kafka.ssl.keystore.key"] == KEY_PEM
+    assert "kafka.ssl.truststore.type" not in options  # no CA given: the JVM's default
+    p12 = {"ssl.keystore.location": "/etc/k.p12", "ssl.keystore.password": "kp"}
+    options = KafkaConf({**sasl_ssl(), **p12}).spark_options()
+    assert options["kafka.ssl.keystore.type"] == "PKCS12"
+    assert options["kafka.ssl.keystore.location"] == "/etc/k.p12"
+
+
+def test_ca_probe_means_the_default_truststore():
+    options = KafkaConf(sasl_ssl(**{"ssl.ca.location": "probe"})).spark_options()
+    assert not any(key.startswith("kafka.ssl.truststore") for key in options)
+
+
+def test_settings_cairn_owns_are_left_to_cairn():
+    kafka = KafkaConf({"bootstrap.servers": "h:1", "group.id": "theirs", "debug": "all"})
+    assert kafka.client_config({"group.id": "cairn-planner"}) == {
+        "bootstrap.servers": "h:1",
+        "group.id": "cairn-planner",
+        "debug": "all",
+    }
+    assert set(kafka.spark_options()) == {"kafka.bootstrap.servers", "kafka.security.protocol"}
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "why"),
+    [
+        ({"sasl.mechanism": None}, "sasl.mechanism", "GSSAPI is not supported"),
+        ({"sasl.mechanism": "OAUTHBEARER"}, "sasl.mechanism", "OAUTHBEARER is not supported"),
+        ({"sasl.password": None}, "sasl.password", "needs it"),
+        ({"sasl.mechanisms": "PLAIN"}, "sasl.mechanisms", "differs"),
+        ({"security.protocol": "TLS"}, "security.protocol", "unknown protocol"),
+        ({"security.protocol": "PLAINTEXT"}, "sasl.mechanism", "uses no SASL"),
+        ({"enable.ssl.certificate.verification": False}, "enable.ssl.", "verification"),
+        ({"ssl.endpoint.identification.algorithm": "x"}, "ssl.endpoint", "'https' or 'none'"),
+        ({"ssl.certificate.pem": CERT_PEM}, "ssl.key.location", "needs both"),
+        ({"ssl.ca.pem": "x", "ssl.ca.location": "/x"}, "ssl.ca.pem", "not both"),
+        ({"sasl.oauthbearer.config": "x"}, "sasl.oauthbearer.config", "no mapping"),
+        ({"oauth_cb": "my.module.cb"}, "oauth_cb", "no mapping"),
+        ({"ssl.cipher.suites": "x"}, "ssl.cipher.suites", "no mapping"),
+    ],
+)
+def test_what_cannot_be_mapped_is_refused_naming_the_key_and_the_connection(change, key, why):
+    settings = {k: v for k, v in {**sasl_ssl(), **change}.items() if v is not None}
+    with pytest.raises(KafkaConfigError) as refused:
+        KafkaConf(settings, LABEL)
+    message = str(refused.value)
+    assert message.startswith(f"{LABEL}: cannot use '{key}")
+    assert why in message
+    assert SECRET not in message
+
+
+def test_unreadable_files_and_pkcs1_keys_are_refused_when_mapping(tmp_path):
+    missing = KafkaConf(sasl_ssl(**{"ssl.ca.location": str(tmp_path / "nope.pem")}), LABEL)
+    with pytest.raises(KafkaConfigError, match=f"{LABEL}: cannot use 'ssl.ca.location'"):
+        missing.spark_options()
+    with pytest.raises(KafkaConfigError, match="name a PEM file, not a directory"):
+        KafkaConf(sasl_ssl(**{"ssl.ca.location": str(tmp_path)}), LABEL)
+    rsa = KEY_PEM.replace("PRIVATE KEY", "RSA PRIVATE KEY")
+    pkcs1 = KafkaConf(sasl_ssl(**{"ssl.certificate.pem": CERT_PEM, "ssl.key.pem": rsa}))
+    with pytest.raises(KafkaConfigError, match="PKCS#8 keys only"):
+        pkcs1.spark_options()
+
+
+def test_no_bootstrap_servers_is_refused():
+    with pytest.raises(KafkaConfigError, match=f"{LABEL}: no 'bootstrap.servers'"):
+        KafkaConf({"security.protocol": "SSL"}, LABEL)
+
+
+def test_secrets_stay_out_of_repr_and_descriptions():
+    kafka = KafkaConf(sasl_ssl(), LABEL)
+    assert kafka.describe() == f"{LABEL} (bootstrap servers b1:9094,b2:9094)"
+    assert SECRET not in repr(kafka) and SECRET not in str(kafka)
+
+
+def test_environment_round_trip_and_the_bootstrap_only_fallback():
+    kafka = KafkaConf(sasl_ssl(), LABEL)
+    env = kafka.to_env()
+    assert list(env) == [ENV_VARIABLE]
+    again = KafkaConf.from_env(env)
+    assert again.label == LABEL
+    assert again.spark_options() == kafka.spark_options()
+    legacy = KafkaConf.from_env({"CAIRN_BOOTSTRAP_SERVERS": "h:9092"})
+    assert legacy.bootstrap_servers == "h:9092"
+    assert KafkaConf.from_env({}) is None
+
+
+def test_files_in_json_or_properties_form(tmp_path):
+    as_json = tmp_path / "kafka.json"
+    as_json.write_text(json.dumps(sasl_ssl()))
+    props = tmp_path / "client.properties"
+    props.write_text("# secured\n" + "\n".join(f"{k} = {v}" for k, v in sasl_ssl().items()))
+    for path in (as_json, props):
+        kafka = KafkaConf.from_file(path)
+        assert kafka.label == f"Kafka configuration file {str(path)!r}"
+        assert kafka.spark_options() == KafkaConf(sasl_ssl()).spark_options()
+
+
+def test_stack_ca_is_a_ca_and_the_server_certificate_names_the_host(tmp_path):
+    from cryptography import x509
+
+    ca_file, keystore = certs.ensure_server_tls(tmp_path, ["127.0.0.1", "localhost"])
+    assert certs.ensure_server_tls(tmp_path, ["127.0.0.1"]) == (ca_file, keystore)  # kept
+    text = keystore.read_text()
+    assert text.startswith("-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM keystore needs
+    server = x509.load_pem_x509_certificates(text.split("-----END PRIVATE KEY-----")[1].encode())
+    ca = x509.load_pem_x509_certificate(ca_file.read_bytes())
+    assert server[0].issuer == ca.subject
+    names = server[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert keystore.stat().st_mode & 0o077 == 0
+
+
+def test_the_airflow_edge_reads_the_kafka_providers_connection(monkeypatch):
+    from cairn_airflow import kafka_conf
+
+    conn = {"conn_type": "kafka", "extra": sasl_ssl()}
+    monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps(conn))
+    kafka = kafka_conf()
+    assert kafka.describe() == f"{LABEL} (bootstrap servers b1:9094,b2:9094)"
+    assert kafka.spark_options() == KafkaConf(sasl_ssl()).spark_options()
+
+    monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps({**conn, "conn_type": "generic"}))
+    with pytest.raises(KafkaConfigError, match=f"{LABEL} is of type 'generic'"):
+        kafka_conf()
