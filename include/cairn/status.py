@@ -1,0 +1,158 @@
+"""Run status: one small record per committed run, the history the overview, CLI and metrics read.
+
+The token says where a topic stands; it does not say how far behind Kafka the topic was when the
+run committed, nor how long the run took. A `RunRecord` keeps that, in
+`_status/<topic>/<seq:012d>.json`. It is written after the token, best effort: it describes the
+archive and is never part of it, so a failure to write it is logged and the commit stands.
+
+Only the newest `KEEP` records of a topic are kept (each save deletes the one `KEEP` runs
+older), so reading the recent history is one listing however long the topic has been archived.
+Each record also carries running totals per partition, so a Prometheus counter can be served
+from the newest record alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from pydantic import BaseModel, Field, ValidationError
+
+from cairn.layout import check_topic
+from cairn.storage import Storage
+from cairn.tokens import Counts
+
+log = logging.getLogger(__name__)
+
+KEEP = 1000
+"""Records kept per topic: one S3 listing page."""
+
+
+class RunRecord(BaseModel):
+    """What one committed run read and wrote, and how far behind Kafka it left the topic."""
+
+    topic: str
+    seq: int
+    run_id: str
+    planned_at: datetime
+    committed_at: datetime
+    duration_seconds: float
+    """From planning to the token's creation."""
+    records_read: int
+    records_partitioned: int
+    records_quarantined: int
+    bytes_written: int
+    offset_lag: dict[int, int]
+    """Records per partition Kafka held beyond the committed position, just after commit."""
+    time_lag_seconds: float | None
+    """Age of the oldest record not yet archived (0 when caught up; None if Kafka did not say)."""
+    lag_error: str | None
+    next_offsets: dict[int, int]
+    partition_time_lag_seconds: dict[int, float] = Field(default_factory=dict)
+    """`time_lag_seconds` per partition (0 for a caught-up partition)."""
+    partition_counts: dict[int, Counts] = Field(default_factory=dict)
+    """This run's counts per partition."""
+    partition_totals: dict[int, Counts] = Field(default_factory=dict)
+    """Counts per partition summed over this topic's runs since the record chain began (a missing
+    previous record restarts the sums, which Prometheus reads as a counter reset)."""
+    consumer_group: str | None = None
+    """The Kafka consumer group the token's offsets were committed to (None: not committed)."""
+    consumer_group_error: str | None = None
+    """Why committing the consumer group's offsets failed (the token stands all the same)."""
+
+
+class TopicStatus(BaseModel):
+    """A topic as its recent runs show it."""
+
+    topic: str
+    last: RunRecord | None
+    quarantine_ratio: float | None
+    """Records quarantined per record read over the recent runs (None: nothing read)."""
+    recent: list[RunRecord] = Field(default_factory=list)
+    """The recent runs, newest first (what the ratio was computed over)."""
+
+
+def folder(topic: str) -> str:
+    return f"_status/{check_topic(topic)}/"
+
+
+def key(topic: str, seq: int) -> str:
+    return f"{folder(topic)}{seq:012d}.json"
+
+
+def with_totals(record: RunRecord, previous: RunRecord | None) -> RunRecord:
+    """`record` with `partition_totals` = the previous run's totals plus this run's counts."""
+    before = previous.partition_totals if previous else {}
+    totals = {}
+    for p in sorted(set(before) | set(record.partition_counts)):
+        old, new = before.get(p, Counts()), record.partition_counts.get(p, Counts())
+        totals[p] = Counts(**{f: getattr(old, f) + getattr(new, f) for f in Counts.model_fields})
+    return record.model_copy(update={"partition_totals": totals})
+
+
+def save(storage: Storage, record: RunRecord) -> bool:
+    """Store `record` (with running totals from the previous run's record) and drop the record
+    `KEEP` runs older. Never raises: the run is committed whatever happens here; False on failure.
+    """
+    try:
+        previous = load(storage, record.topic, record.seq - 1) if record.seq > 1 else None
+        full = with_totals(record, previous)
+        storage.write(key(record.topic, record.seq), full.model_dump_json(indent=2).encode())
+        if record.seq > KEEP:
+            storage.delete(key(record.topic, record.seq - KEEP))
+        return True
+    except Exception as err:  # status describes the archive; it must never fail a commit
+        log.warning(
+            "topic %s: run status of token %s not saved (the token is committed): %s: %s",
+            record.topic,
+            record.seq,
+            type(err).__name__,
+            err,
+        )
+        return False
+
+
+def load(storage: Storage, topic: str, seq: int) -> RunRecord | None:
+    """Run `seq`'s record; None if missing or unreadable (status is never load-bearing)."""
+    try:
+        return RunRecord.model_validate_json(storage.read(key(topic, seq)))
+    except FileNotFoundError:
+        return None
+    except (ValidationError, ValueError) as err:
+        log.warning("topic %s: run status %s is unreadable, skipped: %s", topic, seq, err)
+        return None
+
+
+def recent(storage: Storage, topic: str, limit: int = 50) -> list[RunRecord]:
+    """The newest `limit` run records of `topic`, newest first (one listing, `limit` reads)."""
+    if limit < 1:
+        return []
+    names = storage.list_after(folder(topic), "")
+    records = []
+    for name in reversed(names):
+        seq = name.rsplit("/", 1)[-1].removesuffix(".json")
+        if not seq.isdigit():
+            continue
+        record = load(storage, topic, int(seq))
+        if record is not None:
+            records.append(record)
+            if len(records) == limit:
+                break
+    return records
+
+
+def topic_status(storage: Storage, topic: str, limit: int = 50) -> TopicStatus:
+    """The topic's newest run and its quarantine ratio over the last `limit` runs."""
+    runs = recent(storage, topic, limit)
+    return TopicStatus(
+        topic=topic,
+        last=runs[0] if runs else None,
+        quarantine_ratio=quarantine_ratio(runs),
+        recent=runs,
+    )
+
+
+def quarantine_ratio(runs: list[RunRecord]) -> float | None:
+    """Quarantined per read over `runs`; None when they read nothing (no evidence either way)."""
+    read = sum(r.records_read for r in runs)
+    return sum(r.records_quarantined for r in runs) / read if read else None
