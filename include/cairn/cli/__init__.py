@@ -1,0 +1,89 @@
+"""`python -m cairn`: look into a topic's archive, check it, replay from it, and manage tokens.
+
+    status                                   every configured topic: position, lag, last run
+    files TOPIC --date D                     a date's partitioned and quarantine files
+    find TOPIC PARTITION OFFSET              a record's backup copy and where it was filed
+    cat TOPIC (--date D | --key KEY)         quarantined records with their reasons
+    verify TOPIC --date D                    re-count a date's files against the manifests
+    replay TOPIC --to-topic T [--from P:O] [--to P:O]   re-produce records from the backup
+    tokens list|rewind TOPIC                 a topic's offset tokens
+
+Exit status: 0 done; 1 a mismatch, a record or file not found, a refused rewind or a failed
+delivery; 2 a usage or configuration error (the message names it).
+
+Topics come from the topics file (`--topics-file`, else `CAIRN_TOPICS_FILE`, else
+include/topics.yaml). Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the
+AWS connection `<conn_id>` given as the variable `AIRFLOW_CONN_<CONN_ID>` (JSON: keys, session
+token, profile, endpoint, region, Cairn's encryption settings; a `role_arn` is refused, see
+`cairn.s3_access.env_connection_options`); without it, the usual AWS variables, profile or
+instance role apply.
+Kafka's configuration (librdkafka settings, as a `kafka` Airflow connection's extra holds them,
+e.g. for SASL_SSL), for `replay` and `tokens rewind`, comes from `--kafka-config FILE` (JSON, or
+`key=value` lines), else `--bootstrap-servers` (plaintext), else the variable
+`CAIRN_KAFKA_CONFIG` (JSON `{"config": {...}}`), else `CAIRN_BOOTSTRAP_SERVERS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.markup import escape
+
+from cairn.cli import archive, replay, tokens
+from cairn.cli.common import FOUND_PROBLEM, USAGE, UsageError, err
+from cairn.config import TOPICS_FILE, find_topic
+from cairn.errors import PermanentError
+from cairn.finder import NotArchived
+from cairn.kafka_conf import KafkaAccessDenied, KafkaConfigError
+from cairn.replay import ReplayRefused
+
+_PER_TOPIC = {
+    "files": archive.files,
+    "find": archive.find,
+    "cat": archive.cat,
+    "verify": archive.verify,
+    "replay": replay.run,
+    "tokens": tokens.run,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    doc = __doc__ or ""
+    made = argparse.ArgumentParser(
+        prog="python -m cairn",
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    made.add_argument("--topics-file", default=str(TOPICS_FILE))
+    groups = made.add_subparsers(dest="group", required=True)
+    archive.add_parsers(groups)
+    replay.add_parser(groups)
+    tokens.add_parsers(groups)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.group == "status":
+            return archive.status(args.topics_file)
+        cfg = find_topic(args.topic, args.topics_file)
+        return _PER_TOPIC[args.group](cfg, args)
+    except NotArchived as why:
+        err().print(f"not found: {escape(str(why))}")
+        return FOUND_PROBLEM
+    except (
+        UsageError,
+        LookupError,
+        FileNotFoundError,
+        KafkaConfigError,
+        KafkaAccessDenied,
+        ReplayRefused,
+        ValueError,
+    ) as why:
+        err().print(f"error: {escape(str(why))}")
+        return USAGE
+    except PermanentError as why:  # a failed delivery, a corrupt token or manifest
+        err().print(f"failed: {escape(str(why))}")
+        return FOUND_PROBLEM

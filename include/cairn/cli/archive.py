@@ -1,0 +1,312 @@
+"""`status`, `files`, `find`, `cat` and `verify`: read-only looks at the archive.
+
+The questions are answered in `cairn.finder`, `cairn.audit` and `cairn.status` (which the overview
+page also uses); these functions only print.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from cairn import completeness
+from cairn import status as run_status
+from cairn.audit import audit_date
+from cairn.avro import millis
+from cairn.cli.common import (
+    FOUND_PROBLEM,
+    NONE,
+    OK,
+    UsageError,
+    day_arg,
+    err,
+    out,
+    show_bytes,
+    show_millis,
+    show_offsets,
+    show_size,
+    show_time,
+    storage_for,
+)
+from cairn.config import TopicConfig, load_topics
+from cairn.finder import (
+    ArchiveIndex,
+    FoundRecord,
+    NotArchived,
+    configured_topics,
+    date_files,
+    quarantine_records,
+)
+from cairn.layout import parse_data_key
+from cairn.status import RunRecord
+from cairn.tokens import Token
+
+TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
+
+
+def add_parsers(groups: argparse._SubParsersAction) -> None:
+    groups.add_parser("status", help="every configured topic: position, lag, last run")
+    files = groups.add_parser("files", help="a date's partitioned and quarantine files")
+    files.add_argument("topic")
+    files.add_argument("--date", type=day_arg, required=True, help="YYYY-MM-DD")
+    find = groups.add_parser("find", help="a record's backup copy and where it was filed")
+    find.add_argument("topic")
+    find.add_argument("partition", type=int)
+    find.add_argument("offset", type=int)
+    find.add_argument("--width", type=int, default=400, help="characters of value to show")
+    cat = groups.add_parser("cat", help="quarantined records with their reasons")
+    cat.add_argument("topic")
+    which = cat.add_mutually_exclusive_group(required=True)
+    which.add_argument("--date", type=day_arg, help="the quarantine's processing date")
+    which.add_argument("--key", help="one quarantine file's key")
+    cat.add_argument("--limit", type=int, default=50, help="records to show (0: all)")
+    cat.add_argument("--width", type=int, default=80, help="characters of value to show")
+    verify = groups.add_parser("verify", help="re-count a date's files against the manifests")
+    verify.add_argument("topic")
+    verify.add_argument("--date", type=day_arg, required=True, help="YYYY-MM-DD")
+
+
+def status(topics_file: str) -> int:
+    loaded = load_topics(topics_file)
+    for problem in loaded.errors:
+        err().print(f"[yellow]skipped[/] {escape(str(problem))}")
+    table = Table(
+        "topic",
+        "position",
+        "offset lag",
+        "time lag",
+        "last run",
+        "quarantine ratio",
+        "last complete",
+        title="Cairn topics",
+        title_justify="left",
+    )
+    for cfg in configured_topics(loaded.topics, storage_for):
+        storage = storage_for(cfg)
+        index = ArchiveIndex(storage, cfg.topic)
+        seen = run_status.topic_status(storage, cfg.topic)
+        last, newest = seen.last, index.newest()
+        complete = completeness.last_complete(storage, cfg.topic)
+        table.add_row(
+            cfg.topic,
+            show_offsets(index.position()),
+            _offset_lag(last),
+            NONE
+            if last is None or last.time_lag_seconds is None
+            else _seconds(last.time_lag_seconds),
+            _last_run(last, newest),
+            NONE if seen.quarantine_ratio is None else f"{seen.quarantine_ratio:.2%}",
+            NONE if complete is None else complete.isoformat(),
+        )
+    out().print(table)
+    return OK
+
+
+def files(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    storage = storage_for(cfg)
+    index = ArchiveIndex(storage, cfg.topic)
+    found = date_files(storage, cfg, args.date)
+    if not found:
+        out().print(f"topic {cfg.topic}: no partitioned or quarantine files for {args.date}")
+        return FOUND_PROBLEM
+    table = Table(
+        "kind",
+        "folder",
+        "key",
+        "records",
+        "size",
+        "committed by",
+        title=f"{cfg.topic} {args.date}",
+        title_justify="left",
+    )
+    records = size = 0
+    for f in found:
+        here = index.entry(f.key)
+        n, b = (here.entry.records, here.entry.bytes) if here else (None, storage.size(f.key))
+        records, size = records + (n or 0), size + b
+        by = here.by if here else "[red]no manifest[/]"
+        table.add_row(f.kind, f.folder, f.key, NONE if n is None else str(n), show_size(b), by)
+    table.add_section()
+    table.add_row("total", "", f"{len(found)} files", str(records), show_size(size), "")
+    out().print(table)
+    out().print("(backup files are laid out by partition, not date: `find` names a record's)")
+    return OK
+
+
+def find(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    index = ArchiveIndex(storage_for(cfg), cfg.topic)
+    try:
+        found = index.find(args.partition, args.offset)
+    except NotArchived as why:
+        err().print(f"not found: {escape(str(why))}")
+        return FOUND_PROBLEM
+    out().print(_found_table(cfg, found, args.width))
+    return OK
+
+
+def cat(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    storage = storage_for(cfg)
+    if args.key:
+        named = parse_data_key(args.key)
+        if named is None or named.kind != "quarantine" or named.topic != cfg.topic:
+            raise UsageError(f"{args.key!r} is not a quarantine file key of topic {cfg.topic!r}")
+        if not storage.exists(args.key):
+            err().print(f"not found: {args.key}")
+            return FOUND_PROBLEM
+        keys = [args.key]
+    else:
+        keys = [f.key for f in date_files(storage, cfg, args.date) if f.kind == "quarantine"]
+        if not keys:
+            out().print(f"topic {cfg.topic}: nothing quarantined on {args.date}")
+            return OK
+    table = Table(
+        "partition",
+        "offset",
+        "timestamp",
+        "reason",
+        "value",
+        "file",
+        title=f"quarantine of {cfg.topic}",
+        title_justify="left",
+    )
+    shown = total = 0
+    for key, row in quarantine_records(storage, keys):
+        total += 1
+        if args.limit and shown >= args.limit:
+            continue
+        shown += 1
+        table.add_row(
+            str(row["partition"]),
+            str(row["offset"]),
+            show_millis(row["timestamp"]),
+            Text(row["reason"]),
+            Text(show_bytes(row["value"], args.width)),
+            key.rsplit("/", 1)[-1],
+        )
+    out().print(table)
+    more = f" (showing {shown}; --limit 0 shows all)" if shown < total else ""
+    out().print(f"{total} quarantined records in {len(keys)} files{more}")
+    return OK
+
+
+def verify(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    storage = storage_for(cfg)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=err(), transient=True) as progress:
+        task = progress.add_task("counting", total=None)
+
+        def counting(f: Any) -> None:
+            progress.update(task, description=f"counting {f.key.rsplit('/', 1)[-1]}")
+            progress.advance(task)
+
+        audit = audit_date(storage, cfg, args.date, on_file=counting)
+    if not audit.files and not audit.problems:
+        out().print(f"topic {cfg.topic}: no partitioned or quarantine files for {args.date}")
+        return FOUND_PROBLEM
+    table = Table(
+        "key",
+        "records",
+        "manifest",
+        "size",
+        "committed by",
+        "result",
+        title=f"verify {cfg.topic} {args.date}",
+        title_justify="left",
+    )
+    for f in audit.files:
+        result = Text("ok", "green") if not f.problems else Text("; ".join(f.problems), "red")
+        table.add_row(
+            f.key,
+            str(f.records),
+            NONE if f.expected_records is None else str(f.expected_records),
+            show_size(f.bytes),
+            f.by or NONE,
+            result,
+        )
+    out().print(table)
+    for problem in audit.problems:
+        out().print(Text(f"MISMATCH {problem}", "red"))
+    bad = sum(bool(f.problems) for f in audit.files) + len(audit.problems)
+    if bad:
+        out().print(
+            Text(
+                f"{cfg.topic} {args.date}: {bad} problems in {len(audit.files)} files "
+                f"({audit.records} records counted)",
+                "bold red",
+            )
+        )
+        return FOUND_PROBLEM
+    out().print(
+        f"{cfg.topic} {args.date}: ok, {len(audit.files)} files and {audit.records} "
+        "records match the manifests"
+    )
+    return OK
+
+
+def _found_table(cfg: TopicConfig, found: FoundRecord, width: int) -> Table:
+    r = found.record
+    table = Table(
+        show_header=False,
+        box=None,
+        title=f"{cfg.topic} partition {r['partition']} offset {r['offset']}",
+        title_justify="left",
+    )
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "backup",
+        f"{found.backup.entry.key} ({found.backup.by}, {show_time(found.backup.committed_at)})",
+    )
+    kind = TIMESTAMP_TYPES.get(r["timestamp_type"], str(r["timestamp_type"]))
+    table.add_row("timestamp", f"{show_millis(r['timestamp'])} ({kind}, {millis(r['timestamp'])})")
+    table.add_row("key", Text(show_bytes(r["key"], width)))
+    headers = ", ".join(f"{h['key']}={show_bytes(h['value'], 40)}" for h in r["headers"])
+    table.add_row("headers", Text(headers or NONE))
+    table.add_row("value", Text(show_bytes(r["value"], width)))
+    if not cfg.parses:
+        table.add_row("parsed", "raw topic: backup only")
+    elif found.output is None:
+        table.add_row("parsed", Text("MISSING: no partitioned or quarantine file holds it", "red"))
+    else:
+        table.add_row(found.output.entry.kind, f"{found.output.entry.key} ({found.output.by})")
+        row = found.output_record or {}
+        if found.output.entry.kind == "quarantine":
+            table.add_row("reason", Text(row.get("reason", "")))
+        else:
+            fields = {k: v for k, v in row.items() if not k.startswith("_kafka_")}
+            table.add_row("record", Text(show_bytes(repr(fields).encode(), width)))
+    return table
+
+
+def _offset_lag(last: RunRecord | None) -> str:
+    """Total offset lag when the last run committed, with the partitions still behind."""
+    if last is None:
+        return NONE
+    if last.lag_error and not last.offset_lag:
+        return "unknown"
+    behind = {p: n for p, n in last.offset_lag.items() if n}
+    return str(sum(behind.values())) + (f" ({show_offsets(behind)})" if behind else "")
+
+
+def _seconds(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m" if whole >= 3600 else f"{whole // 60}m"
+
+
+def _last_run(last: RunRecord | None, newest: Token | None) -> str:
+    """The last run's time and records, from its run record (else from its token)."""
+    if last is not None:
+        return (
+            f"{show_time(last.committed_at)} token {last.seq}: {last.records_read} read, "
+            f"{last.records_quarantined} quarantined"
+        )
+    if newest is not None:
+        return f"{show_time(newest.created_at)} token {newest.seq}: {newest.counts.read} read"
+    return "never"

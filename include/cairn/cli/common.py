@@ -1,0 +1,108 @@
+"""What every command shares: storage and Kafka from the environment, consoles, exit codes, and
+showing Kafka bytes safely."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import UTC, date, datetime
+
+from rich.console import Console
+
+from cairn.avro import millis
+from cairn.config import TopicConfig
+from cairn.kafka_conf import KafkaConf
+from cairn.s3_access import env_connection_options
+from cairn.storage import Storage
+
+OK, FOUND_PROBLEM, USAGE = 0, 1, 2
+"""Exit codes: done; a mismatch, a record or file not found, a failed delivery; a usage or
+configuration error."""
+
+NONE = "—"
+
+
+class UsageError(Exception):
+    """What was asked cannot be done as asked (exit 2); the message says what to change."""
+
+
+def out() -> Console:
+    """The console for results: wide when piped, so keys are never wrapped."""
+    return Console(width=None if sys.stdout.isatty() else 250, highlight=False)
+
+
+def err() -> Console:
+    """The console for errors and progress (stderr), so results stay clean to pipe."""
+    return Console(stderr=True, highlight=False)
+
+
+def storage_for(cfg: TopicConfig) -> Storage:
+    root = cfg.root
+    return Storage(root.storage_url, **env_connection_options(root.conn_id, os.environ))
+
+
+def add_kafka_args(parser: argparse.ArgumentParser) -> None:
+    kafka = parser.add_mutually_exclusive_group()
+    kafka.add_argument("--kafka-config", metavar="FILE", help="librdkafka settings (JSON)")
+    kafka.add_argument("--bootstrap-servers", help="a plaintext cluster's bootstrap servers")
+
+
+def kafka_for(args: argparse.Namespace, command: str) -> KafkaConf:
+    """The Kafka configuration the arguments or the environment name (see `cairn.cli`)."""
+    if args.kafka_config:
+        return KafkaConf.from_file(args.kafka_config)
+    if args.bootstrap_servers:
+        return KafkaConf.from_bootstrap(args.bootstrap_servers, "--bootstrap-servers")
+    found = KafkaConf.from_env(os.environ)
+    if found is None:
+        raise UsageError(
+            f"{command} needs Kafka: pass --kafka-config FILE or --bootstrap-servers, or set "
+            "CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
+        )
+    return found
+
+
+def day_arg(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def show_bytes(value: bytes | None, limit: int = 120) -> str:
+    """Kafka bytes as one safe line: UTF-8 text with every other byte and every control
+    character escaped (`\\xff`, `\\n`), cut after `limit` characters with the size left."""
+    if value is None:
+        return "null"
+    text = value.decode("utf-8", errors="backslashreplace")
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}… ({len(value)} bytes)"
+
+
+def show_millis(value: int | datetime | None) -> str:
+    """A Kafka timestamp (epoch millis, or as fastavro reads timestamp-millis) in UTC."""
+    if value is None:
+        return NONE
+    when = datetime.fromtimestamp(millis(value) / 1000, UTC)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def show_time(when: datetime | None) -> str:
+    return NONE if when is None else when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def show_size(n: int | None) -> str:
+    if n is None:
+        return NONE
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def show_offsets(offsets: dict[int, int]) -> str:
+    return " ".join(f"{p}:{o}" for p, o in sorted(offsets.items())) or NONE

@@ -1,0 +1,258 @@
+"""Finding a topic's records and files by Kafka coordinates or by date, reading only what is needed.
+
+The token chain is ordered by position: per partition, each token's `next_offsets` is at least
+its predecessor's. So a binary search over the chain finds the run that read an offset (a few
+token reads however long the history), and that run's manifest names the backup file holding the
+offset and the partitioned and quarantine files its records went to, with their offset spans: only
+files whose span holds the offset are opened. A rebuild replaces a date's partitioned and
+quarantine files; its link (`cairn.rebuild.RebuildManifest`) lists the files it wrote and removed
+and the backup files it re-derived from, so what a key holds now is decided by the newest of the
+writes and removals that name it.
+
+The CLI and the overview page ask the same questions through `ArchiveIndex`, which reads each
+token, manifest and rebuild link at most once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+import fastavro
+
+from cairn import fence, manifest, tokens
+from cairn.config import TopicConfig, resolve
+from cairn.layout import DataFile, parse_data_key
+from cairn.manifest import FileEntry, Manifest
+from cairn.rebuild import RebuildManifest, day_files, read_rebuild
+from cairn.storage import Storage
+
+
+class NotArchived(LookupError):
+    """The archive holds no such record or file; the message says why and what to try."""
+
+
+@dataclass(frozen=True)
+class Located:
+    """A data file as the archive's history describes it, and which link committed it."""
+
+    entry: FileEntry
+    by: str
+    """`token 12` or `rebuild 3`."""
+    committed_at: datetime
+
+
+@dataclass(frozen=True)
+class FoundRecord:
+    """A record's backup copy and, for topics that parse, where its parsed form went."""
+
+    backup: Located
+    record: dict[str, Any]
+    output: Located | None
+    """The partitioned or quarantine file holding it; None for raw topics or if it is missing."""
+    output_record: dict[str, Any] | None
+
+
+class ArchiveIndex:
+    """One topic's committed history (tokens, their manifests, rebuild links), read lazily once."""
+
+    def __init__(self, storage: Storage, topic: str) -> None:
+        self.storage, self.topic = storage, topic
+        self.seqs = fence.link_seqs(storage, topic, "archive")
+        self._tokens: dict[int, tokens.Token] = {}
+        self._manifests: dict[str, Manifest] = {}
+        self._rebuilds: list[RebuildManifest] | None = None
+
+    def token(self, seq: int) -> tokens.Token:
+        if seq not in self._tokens:
+            self._tokens[seq] = tokens.token_at(self.storage, self.topic, seq)
+        return self._tokens[seq]
+
+    def read_so_far(self) -> list[tokens.Token]:
+        """The tokens this index has read (those the questions asked so far needed)."""
+        return [self._tokens[seq] for seq in sorted(self._tokens)]
+
+    def newest(self) -> tokens.Token | None:
+        return self.token(self.seqs[-1]) if self.seqs else None
+
+    def position(self) -> dict[int, int]:
+        """The next offset to archive per partition (everything below it is archived)."""
+        newest = self.newest()
+        return dict(newest.next_offsets) if newest else {}
+
+    def manifest(self, token: tokens.Token) -> Manifest | None:
+        """The manifest of the attempt that committed `token` (None for a run that read nothing)."""
+        if token.manifest is None:
+            return None
+        if token.manifest not in self._manifests:
+            self._manifests[token.manifest] = manifest.load(self.storage, token.manifest)
+        return self._manifests[token.manifest]
+
+    def rebuilds(self) -> list[RebuildManifest]:
+        """Every rebuild link of the topic, oldest first."""
+        if self._rebuilds is None:
+            seqs = fence.link_seqs(self.storage, self.topic, "rebuild")
+            found = (read_rebuild(self.storage, self.topic, seq) for seq in seqs)
+            self._rebuilds = [r for r in found if r is not None]
+        return self._rebuilds
+
+    def covering(self, partition: int, offset: int) -> tokens.Token | None:
+        """The token whose run read past `offset` first: the oldest with next offset > it."""
+        lo, hi = 0, len(self.seqs)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.token(self.seqs[mid]).next_offsets.get(partition, 0) > offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.token(self.seqs[lo]) if lo < len(self.seqs) else None
+
+    def backup_files(self, partition: int, start: int, end: int) -> Iterator[Located]:
+        """Backup files of `partition` holding offsets in `[start, end)`, in offset order."""
+        first = self.covering(partition, start)
+        if first is None or start >= end:
+            return
+        for seq in self.seqs[self.seqs.index(first.seq) :]:
+            token = self.token(seq)
+            found = self.manifest(token)
+            entries = [] if found is None else found.files
+            for e in sorted(entries, key=lambda e: e.first_offset):
+                if (
+                    e.kind == "backup"
+                    and e.partition == partition
+                    and e.last_offset >= start
+                    and e.first_offset < end
+                ):
+                    yield Located(e, f"token {token.seq}", token.created_at)
+            if token.next_offsets.get(partition, 0) >= end:
+                return
+
+    def entry(self, key: str) -> Located | None:
+        """What the history says `key` holds now; None if nothing committed it, or a later
+        rebuild removed it."""
+        named = parse_data_key(key)
+        if named is None or named.topic != self.topic:
+            return None
+        events: list[tuple[datetime, Located | None]] = []
+        token = self.covering(named.partition, named.first_offset)
+        found = self.manifest(token) if token else None
+        for e in found.files if found else []:
+            if e.key == key:
+                events.append(
+                    (token.created_at, Located(e, f"token {token.seq}", token.created_at))
+                )
+        if named.kind != "backup":  # rebuilds write and remove partitioned and quarantine files
+            for r in self.rebuilds():
+                written = [e for e in r.files if e.key == key]
+                if written:
+                    events.append(
+                        (r.created_at, Located(written[0], f"rebuild {r.seq}", r.created_at))
+                    )
+                elif key in r.removed:
+                    events.append((r.created_at, None))
+        return max(events, key=lambda ev: ev[0])[1] if events else None
+
+    def find(self, partition: int, offset: int) -> FoundRecord:
+        """The record at `partition`/`offset`: its backup copy, then its partitioned or
+        quarantine copy. Raises NotArchived saying why when the archive does not hold it."""
+        where = f"topic {self.topic!r} partition {partition} offset {offset}"
+        position = self.position()
+        if offset >= position.get(partition, 0):
+            raise NotArchived(
+                f"{where} is not archived yet: the archive holds partition {partition} below "
+                f"offset {position.get(partition, 0)} (token {self.seqs[-1] if self.seqs else '—'})"
+            )
+        for backup in self.backup_files(partition, offset, offset + 1):
+            record = next(
+                (r for r in read_records(self.storage, backup.entry.key) if r["offset"] >= offset),
+                None,
+            )
+            if record is not None and record["offset"] == offset:
+                output, output_record = self._output(backup, partition, offset)
+                return FoundRecord(backup, record, output, output_record)
+        token = self.covering(partition, offset)
+        gaps = [g for g in token.gaps if g.partition == partition] if token else []
+        if any(g.from_offset <= offset < g.to_offset for g in gaps):
+            raise NotArchived(
+                f"{where} was lost to retention before archiving (a gap that "
+                f"token {token.seq} records, accepted by accept_gaps)"
+            )
+        raise NotArchived(
+            f"{where}: no archived record has this offset (token "
+            f"{token.seq if token else '—'} read past it); Kafka offsets have holes: "
+            "transaction markers, aborted transactions and compacted records"
+        )
+
+    def _output(
+        self, backup: Located, partition: int, offset: int
+    ) -> tuple[Located | None, dict[str, Any] | None]:
+        """The partitioned or quarantine file (and row) holding the record now."""
+        token = self.covering(partition, offset)
+        found = self.manifest(token) if token else None
+        keys = {e.key for e in found.files if e.kind != "backup"} if found else set()
+        keys |= {e.key for r in self.rebuilds() if backup.entry.key in r.sources for e in r.files}
+        for key in sorted(keys):
+            here = self.entry(key)
+            if here is None or here.entry.partition != partition:
+                continue
+            if not here.entry.first_offset <= offset <= here.entry.last_offset:
+                continue
+            row = _row_at(self.storage, here.entry, offset)
+            if row is not None:
+                return here, row
+        return None, None
+
+
+def read_records(storage: Storage, key: str) -> Iterator[dict[str, Any]]:
+    """The records of one Avro data file, streamed."""
+    with storage.open_read(key) as f:
+        yield from fastavro.reader(f)
+
+
+def coordinates(kind: str, row: dict[str, Any]) -> tuple[int, int]:
+    """(partition, offset) of a row of a data file of `kind`."""
+    if kind == "partitioned":
+        return row["_kafka_partition"], row["_kafka_offset"]
+    return row["partition"], row["offset"]
+
+
+def date_files(storage: Storage, cfg: TopicConfig, day: date) -> list[DataFile]:
+    """A date's partitioned files (folders of the topic's path format) and quarantine files."""
+    return day_files(storage, cfg.topic, cfg.path_format, day)
+
+
+def quarantine_records(storage: Storage, keys: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key, record) of each quarantined record in the files `keys`, file by file."""
+    for key in keys:
+        for row in read_records(storage, key):
+            yield key, row
+
+
+def _row_at(storage: Storage, entry: FileEntry, offset: int) -> dict[str, Any] | None:
+    for row in read_records(storage, entry.key):
+        p, o = coordinates(entry.kind, row)
+        if p == entry.partition and o == offset:
+            return row
+        if o > offset:
+            return None
+    return None
+
+
+def archived_topics(storage: Storage) -> list[str]:
+    """Topics with a token chain under this root (what topic patterns match without Kafka)."""
+    folders = storage.children("_tokens/")
+    return sorted(f.rstrip("/").rsplit("/", 1)[-1] for f in folders if f.endswith("/"))
+
+
+def configured_topics(
+    entries: list[TopicConfig], storage_for: Callable[[TopicConfig], Storage]
+) -> list[TopicConfig]:
+    """Every concrete topic of a topics file: exact entries, and the topics that pattern
+    entries match among those archived under their roots (`storage_for` opens a root)."""
+    names: set[str] = set()
+    for root in {e.archive_root for e in entries if e.pattern is not None}:
+        cfg = next(e for e in entries if e.archive_root == root)
+        names |= set(archived_topics(storage_for(cfg)))
+    return resolve(entries, sorted(names))
