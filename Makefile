@@ -5,12 +5,12 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 JARS    := $(CURDIR)/.cairn/jars
 
-.PHONY: demo test unit up down status lint jars setup
+.PHONY: demo test unit up down status lint jars setup chromium
 
 demo: setup  ## start the stack and archive the demo topic end to end
 	$(BIN)/python -m cairn_stack demo
 
-test: setup  ## the whole suite: unit tests, then integration tests against real services
+test: setup chromium  ## the whole suite: unit tests, then integration tests against real services
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -24,6 +24,13 @@ lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 setup: $(VENV)/.installed jars
+
+# The overview page's test drives a real headless Chromium: Debian's package, installed as root.
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		{ echo "chromium is missing: run 'apt-get install chromium' as root" >&2; exit 1; }
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -1,0 +1,150 @@
+"""What the overview page shows, read from the archive alone: where each topic stands, how far
+behind Kafka it is and how that moved over the recent runs, what its files and quarantine hold.
+
+Every number comes from objects Cairn already writes (the newest token, the run records of
+`cairn.status`, the data files' names, the quarantine files' `reason` field), so the page needs
+no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin only adds
+what Airflow knows (the runs' states) and renders.
+
+Reading is bounded: the trend is the newest `TREND_RUNS` run records, files per date come from
+one listing per output, and quarantine reasons are counted over the newest `REASON_FILES` files.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from datetime import date
+
+import fastavro
+from pydantic import BaseModel
+
+from cairn import completeness, status, tokens
+from cairn.config import TopicConfig
+from cairn.layout import folder_date, parse_data_key
+from cairn.status import RunRecord
+from cairn.storage import Storage
+
+TREND_RUNS = 20
+"""Runs the lag trend spans."""
+
+REASON_FILES = 50
+"""Newest quarantine files whose reasons are counted."""
+
+
+class TopicOverview(BaseModel):
+    """One topic's line on the overview page."""
+
+    topic: str
+    archive_root: str
+    position: dict[int, int]
+    """Next offset per partition after the newest token (empty: never committed)."""
+    records_archived: int | None
+    """Records committed since the run records began (None: no run record yet)."""
+    offset_lag: int | None
+    """Records Kafka held beyond the position just after the newest run, over all partitions."""
+    time_lag_seconds: float | None
+    offset_lag_trend: list[int]
+    """Total offset lag after each recent run, oldest first."""
+    time_lag_trend: list[float]
+    """Time lag after each recent run, oldest first (runs that did not know it left out)."""
+    last: RunRecord | None
+    quarantined: int
+    """Records quarantined over the recent runs."""
+    quarantine_ratio: float | None
+    last_complete: date | None
+
+
+class DateFiles(BaseModel):
+    """The data files one date holds."""
+
+    day: date
+    partitioned: int = 0
+    quarantine: int = 0
+
+
+class TopicDetail(BaseModel):
+    """One topic's own page."""
+
+    overview: TopicOverview
+    runs: list[RunRecord]
+    """Newest first."""
+    dates: list[DateFiles]
+    """Newest first."""
+    reasons: list[tuple[str, int]]
+    """Quarantine reasons by count, most frequent first, over `reason_files` files."""
+    reason_files: int
+
+
+def topic_overview(storage: Storage, cfg: TopicConfig, runs: int = TREND_RUNS) -> TopicOverview:
+    """The topic's position, lag, trend, last run and quarantine share."""
+    return _overview(storage, cfg, status.recent(storage, cfg.topic, runs))
+
+
+def topic_detail(
+    storage: Storage, cfg: TopicConfig, runs: int = TREND_RUNS, reason_files: int = REASON_FILES
+) -> TopicDetail:
+    """The overview line plus the recent runs, files per date and quarantine reasons."""
+    recent = status.recent(storage, cfg.topic, runs)
+    reasons, read = quarantine_reasons(storage, cfg.topic, reason_files)
+    return TopicDetail(
+        overview=_overview(storage, cfg, recent),
+        runs=recent,
+        dates=files_per_date(storage, cfg),
+        reasons=reasons,
+        reason_files=read,
+    )
+
+
+def files_per_date(storage: Storage, cfg: TopicConfig) -> list[DateFiles]:
+    """Partitioned and quarantine files per date (partitioned by the topic's folder format,
+    quarantine by processing date), newest date first."""
+    days: dict[date, DateFiles] = {}
+    for kind in ("partitioned", "quarantine"):
+        for key in storage.list(f"{kind}/{cfg.topic}/"):
+            data = parse_data_key(key)
+            if data is None:
+                continue
+            path_format = cfg.path_format if kind == "partitioned" else "dt=%Y-%m-%d"
+            try:
+                day = folder_date(data.folder, path_format)
+            except ValueError:  # written under an earlier path format
+                continue
+            entry = days.setdefault(day, DateFiles(day=day))
+            setattr(entry, kind, getattr(entry, kind) + 1)
+    return sorted(days.values(), key=lambda d: d.day, reverse=True)
+
+
+def quarantine_reasons(
+    storage: Storage, topic: str, max_files: int = REASON_FILES
+) -> tuple[list[tuple[str, int]], int]:
+    """Reasons of the newest `max_files` quarantine files by count (most frequent first), and
+    how many files were read."""
+    keys = [k for k in storage.list(f"quarantine/{topic}/") if parse_data_key(k) is not None]
+    newest = keys[-max_files:] if max_files > 0 else []
+    counts: Counter[str] = Counter()
+    for key in newest:
+        for row in fastavro.reader(io.BytesIO(storage.read(key))):
+            counts[row["reason"]] += 1
+    return counts.most_common(), len(newest)
+
+
+def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> TopicOverview:
+    topic = cfg.topic
+    token = tokens.newest(storage, topic)
+    last = recent[0] if recent else None
+    oldest_first = list(reversed(recent))
+    return TopicOverview(
+        topic=topic,
+        archive_root=cfg.root.storage_url,
+        position=dict(token.next_offsets) if token else {},
+        records_archived=sum(c.read for c in last.partition_totals.values()) if last else None,
+        offset_lag=sum(last.offset_lag.values()) if last else None,
+        time_lag_seconds=last.time_lag_seconds if last else None,
+        offset_lag_trend=[sum(r.offset_lag.values()) for r in oldest_first],
+        time_lag_trend=[r.time_lag_seconds for r in oldest_first if r.time_lag_seconds is not None],
+        last=last,
+        quarantined=sum(r.records_quarantined for r in recent),
+        quarantine_ratio=status.quarantine_ratio(recent),
+        last_complete=completeness.last_complete(storage, topic),
+    )

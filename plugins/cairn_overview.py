@@ -1,0 +1,243 @@
+"""Cairn's pages in the Airflow UI and its Prometheus endpoint: a FastAPI app the api-server
+mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
+
+- `/cairn/` lists every configured topic; `/cairn/topics/<topic>` shows one. Both render
+  server-side HTML from `cairn.overview` (the archive's own records) plus the Airflow runs'
+  states; nothing runs in the browser.
+- `/cairn/metrics` serves `cairn.metrics.samples` of every topic in Prometheus' text format.
+
+Access (nothing is served without it):
+- pages: the UI's login, as Airflow's own API checks it (`get_user`: the `_token` cookie the UI
+  sets, or an `Authorization: Bearer` JWT). No valid login: a 302 to Airflow's login page
+  (which returns here), with no data. A topic is shown only to users who may read its archive
+  DAG (the auth manager's `is_authorized_dag`), so Airflow's DAG permissions decide.
+- metrics: the same login, or, since scrapers cannot log in, the static bearer token set in the
+  api-server's `CAIRN_METRICS_TOKEN` environment variable (Prometheus `authorization:
+  credentials_file`), compared in constant time. Unset: only logged-in users and clients
+  with an Airflow JWT can scrape; either way an anonymous request gets a 401/403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+from airflow.models.dagrun import DagRun
+from airflow.plugins_manager import AirflowPlugin
+from airflow.utils.session import create_session
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+from sqlalchemy import select
+
+from cairn import metrics, overview, prometheus, status
+from cairn.config import TopicConfig
+from cairn_airflow import archive_dag_id, configured_topics, rebuild_dag_id, storage, topic_yaml
+
+log = logging.getLogger(__name__)
+
+METRICS_TOKEN_VARIABLE = "CAIRN_METRICS_TOKEN"
+PREFIX = "/cairn"
+RUNS_SHOWN = 10
+
+_templates = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "cairn_pages"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+class LoginNeeded(Exception):
+    """A page was asked for without a valid login: send the browser to Airflow's login."""
+
+
+async def page_user(
+    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> BaseUser:
+    try:
+        return await get_user(request, None, bearer)
+    except HTTPException as err:
+        raise LoginNeeded from err
+
+
+async def metrics_reader(
+    request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> BaseUser | None:
+    """None for the scrape token (every topic), else the logged-in user (their topics)."""
+    expected = os.environ.get(METRICS_TOKEN_VARIABLE, "")
+    if expected and bearer and hmac.compare_digest(bearer.credentials.encode(), expected.encode()):
+        return None
+    return await get_user(request, None, bearer)
+
+
+def readable_topics(user: BaseUser | None) -> list[TopicConfig]:
+    """The configured topics whose archive DAG `user` may read (all for the scrape token)."""
+    topics = configured_topics()
+    if user is None:
+        return topics
+    manager = get_auth_manager()
+    return [
+        cfg
+        for cfg in topics
+        if manager.is_authorized_dag(
+            method="GET", user=user, details=DagDetails(id=archive_dag_id(cfg.topic))
+        )
+    ]
+
+
+app = FastAPI(title="Cairn", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.exception_handler(LoginNeeded)
+def to_login(request: Request, _err: LoginNeeded) -> Response:
+    next_url = str(request.url)
+    return RedirectResponse(get_auth_manager().get_url_login(next_url=next_url), status_code=302)
+
+
+@app.get("/", response_class=HTMLResponse)
+def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
+    rows = []
+    topics = readable_topics(user)
+    last_runs = latest_runs([archive_dag_id(cfg.topic) for cfg in topics])
+    for cfg in topics:
+        row: dict[str, Any] = {"cfg": cfg, "links": links(cfg)}
+        row["airflow_run"] = last_runs.get(archive_dag_id(cfg.topic))
+        try:
+            row["view"] = overview.topic_overview(storage(cfg), cfg)
+        except Exception as err:  # one unreadable archive must not hide the others
+            log.warning("overview of topic %s failed", cfg.topic, exc_info=True)
+            row["error"] = f"{type(err).__name__}: {err}"
+        rows.append(row)
+    return render("index.html", rows=rows, now=datetime.now(UTC))
+
+
+@app.get("/topics/{topic}", response_class=HTMLResponse)
+def topic_page(topic: str, user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
+    cfg = next((c for c in readable_topics(user) if c.topic == topic), None)
+    if cfg is None:
+        raise HTTPException(404, f"no configured topic {topic!r} that you may read")
+    detail = overview.topic_detail(storage(cfg), cfg)
+    airflow_runs = recent_runs(archive_dag_id(topic), RUNS_SHOWN)
+    return render(
+        "topic.html",
+        cfg=cfg,
+        d=detail,
+        view=detail.overview,
+        links=links(cfg),
+        airflow_runs=airflow_runs,
+        config_yaml=topic_yaml(cfg),
+        now=datetime.now(UTC),
+    )
+
+
+@app.get("/metrics")
+def prometheus_metrics(reader: Annotated[BaseUser | None, Depends(metrics_reader)]) -> Response:
+    found = []
+    for cfg in readable_topics(reader):
+        try:
+            found += metrics.samples(status.topic_status(storage(cfg), cfg.topic))
+        except Exception:  # a scrape still serves the other topics
+            log.warning("metrics of topic %s unavailable", cfg.topic, exc_info=True)
+    return Response(prometheus.exposition(found), media_type=prometheus.CONTENT_TYPE)
+
+
+def latest_runs(dag_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The newest Airflow run of each DAG (by creation), as the UI's grid lists them."""
+    found: dict[str, dict[str, Any]] = {}
+    for dag_id in dag_ids:
+        runs = recent_runs(dag_id, 1)
+        if runs:
+            found[dag_id] = runs[0]
+    return found
+
+
+def recent_runs(dag_id: str, limit: int) -> list[dict[str, Any]]:
+    """The DAG's newest Airflow runs: id, type, state, start and end."""
+    columns = (DagRun.run_id, DagRun.run_type, DagRun.state, DagRun.start_date, DagRun.end_date)
+    query = select(*columns).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc())
+    with create_session() as session:
+        return [dict(row._mapping) for row in session.execute(query.limit(limit))]
+
+
+def links(cfg: TopicConfig) -> dict[str, str | None]:
+    return {
+        "archive_dag": f"/dags/{archive_dag_id(cfg.topic)}",
+        "rebuild_dag": f"/dags/{rebuild_dag_id(cfg.topic)}" if cfg.parses else None,
+        "root": f"{cfg.root.storage_url}/partitioned/{cfg.topic}/",
+    }
+
+
+def render(template: str, **context: Any) -> HTMLResponse:
+    page = _templates.get_template(template).render(**context)
+    return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
+
+def sparkline(values: list[float], width: int = 96, height: int = 22) -> Markup:
+    """An inline SVG line of `values` (oldest left), scaled to their own maximum."""
+    if len(values) < 2:
+        return Markup("")
+    top = max(values) or 1.0
+    step = width / (len(values) - 1)
+    points = " ".join(
+        f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values)
+    )
+    return Markup(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        f'<polyline points="{points}" fill="none" stroke="currentColor" stroke-width="1.5"/>'
+        "</svg>"
+    )
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def ago(when: datetime | None, now: datetime) -> str:
+    return "—" if when is None else f"{duration((now - when).total_seconds())} ago"
+
+
+def number(value: float | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def percent(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.2%}"
+
+
+_templates.globals.update(sparkline=sparkline)
+_templates.filters.update(duration=duration, number=number, percent=percent)
+_templates.globals.update(ago=ago)
+
+
+class CairnOverviewPlugin(AirflowPlugin):
+    name = "cairn_overview"
+    fastapi_apps: ClassVar = [{"app": app, "url_prefix": PREFIX, "name": "Cairn overview"}]
+    external_views: ClassVar = [
+        {
+            "name": "Cairn",
+            "href": f"{PREFIX}/",
+            "url_route": "cairn",
+            "destination": "nav",
+            "nav_top_level": True,
+        }
+    ]

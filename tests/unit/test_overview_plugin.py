@@ -1,0 +1,68 @@
+"""The overview plugin's pages render from a real local archive (Airflow's login and run history
+stubbed here; tests/integration/test_overview_page.py has the real ones), and a topic whose
+archive cannot be read shows its error without hiding the others."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from fastapi.testclient import TestClient
+
+import cairn_overview
+from cairn import status
+from cairn.config import load_topics
+from cairn.storage import Storage
+from tests.unit.conftest import archive_run
+from tests.unit.test_overview import SCHEMA, order, rec
+from tests.unit.test_status import record
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch) -> TestClient:
+    entries = [
+        {"topic": t, "format": "json", "schema": "order.avsc", "archive_root": root}
+        | {"event_time": {"field": "ts", "encoding": "iso8601"}}
+        for t, root in (("orders.eu", f"file://{tmp_path}/archive"), ("broken", "file:///nope"))
+    ]
+    (tmp_path / "order.avsc").write_text(json.dumps(SCHEMA))
+    (tmp_path / "topics.yaml").write_text(json.dumps({"topics": entries}))
+    topics = load_topics(tmp_path / "topics.yaml").topics
+    good = topics[0]
+    archive = Storage(good.root.storage_url)
+    records = [
+        r._replace(topic="orders.eu")
+        for r in (rec(0, 0, order(0, "2024-06-01T10:00:00Z")), rec(0, 1, b"{not json"))
+    ]
+    archive_run(archive, good, datetime.now(UTC), records)
+    for seq, lag in ((1, 40), (2, 0)):
+        status.save(archive, record(seq, topic="orders.eu", quarantined=1, offset_lag={0: lag}))
+
+    def storage(cfg):
+        if cfg.topic == "broken":
+            raise PermissionError("no access to the bucket")
+        return Storage(cfg.root.storage_url)
+
+    monkeypatch.setattr(cairn_overview, "readable_topics", lambda user: topics)
+    monkeypatch.setattr(cairn_overview, "storage", storage)
+    monkeypatch.setattr(cairn_overview, "recent_runs", lambda dag_id, limit: [])
+    cairn_overview.app.dependency_overrides[cairn_overview.page_user] = lambda: object()
+    yield TestClient(cairn_overview.app)
+    cairn_overview.app.dependency_overrides.clear()
+
+
+def test_index_lists_every_topic_and_isolates_a_broken_one(client) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
+    assert 'data-topic="orders.eu"' in page.text and "<svg" in page.text  # the lag trend
+    assert "archive unreadable: PermissionError: no access to the bucket" in page.text
+    assert 'href="/dags/archive__orders__dot__eu"' in page.text
+
+
+def test_topic_page_shows_runs_and_configuration(client) -> None:
+    page = client.get("/topics/orders.eu")
+    assert page.status_code == 200
+    assert "Recent runs" in page.text and "run2" in page.text
+    assert "topic: orders.eu" in page.text  # the configuration as YAML
+    assert client.get("/topics/unknown").status_code == 404
