@@ -1,4 +1,5 @@
-"""One `archive__<topic>` DAG per configured topic: plan → clean → archive → verify → commit.
+"""One `archive__<topic>` DAG per configured topic: plan → clean → archive → verify → commit →
+check_health, and complete → announce (the dates that became complete, as asset events).
 
 Only wiring: each task is one call into `cairn.run` (or the Spark job). Topics come from
 include/topics.yaml; pattern entries are matched against the topic list that the
@@ -12,17 +13,25 @@ import logging
 from datetime import datetime, timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, get_current_context, task
+from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
-from cairn import run
+from cairn import completeness, run
 from cairn.config import TopicConfig, dag_safe
 from cairn.manifest import VerifyReport
 from cairn_airflow import (
     CairnSparkOperator,
+    announce_dates,
+    archive_dag_id,
+    archive_deadline,
+    check_health,
     configured_topics,
     fail_fast,
     kafka_conf,
+    notifier,
+    report_run,
     storage,
+    topic_asset,
+    topic_doc,
 )
 
 log = logging.getLogger(__name__)
@@ -38,21 +47,26 @@ DEFAULT_ARGS = {
 
 def archive_dag(cfg: TopicConfig) -> DAG:
     topic = cfg.topic
-    dag_id = f"archive__{dag_safe(topic)}"
+    dag_id = archive_dag_id(topic)
+    asset = topic_asset(topic)
     with DAG(
         dag_id=dag_id,
+        dag_display_name=f"{topic} · archive",
         description=f"Archive Kafka topic {topic} into {cfg.archive_root}",
         schedule=cfg.schedule,
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,
-        default_args=DEFAULT_ARGS,
+        default_args={**DEFAULT_ARGS, "on_failure_callback": notifier()},
+        deadline=archive_deadline(cfg),
         tags=["cairn", "archive"],
-        doc_md=__doc__,
+        doc_md=topic_doc(cfg, "archive", __doc__),
     ) as dag:
 
-        @task.short_circuit
+        @task.short_circuit(ignore_downstream_trigger_rules=False)
         def plan() -> dict | bool:
+            """Skips only its direct downstream tasks when nothing is new: `complete` still
+            runs, so idle partitions do not hold dates back."""
             run_id = get_current_context()["run_id"]
             with fail_fast():
                 planned = run.plan_run(cfg, storage(cfg), kafka_conf(), run_id)
@@ -86,7 +100,27 @@ def archive_dag(cfg: TopicConfig) -> DAG:
                     kafka_conf(),
                 )
             log.info("run summary: %s", summary.model_dump_json(indent=2))
+            report_run(cfg, summary.seq)
             return summary.model_dump(mode="json")
+
+        @task(task_id="check_health", retries=0)
+        def health(summary: dict) -> list[str]:
+            """Fail, calling the notifier, if the topic is past max_time_lag or
+            max_quarantine_ratio (README, Operating)."""
+            return check_health(cfg)
+
+        @task(trigger_rule=TriggerRule.NONE_FAILED)
+        def complete() -> dict:
+            """Write `_SUCCESS` into dates that became complete or changed (README)."""
+            run_id = get_current_context()["run_id"]
+            with fail_fast():
+                done = completeness.complete_run(cfg, storage(cfg), kafka_conf(), run_id)
+            return done.model_dump(mode="json")
+
+        @task(outlets=[asset])
+        def announce(done: dict) -> list[str]:
+            """One asset event per date, the date as its partition key; skipped if none."""
+            return announce_dates(asset, done)
 
         @task.short_circuit
         def more_waiting(summary: dict) -> bool:
@@ -98,6 +132,10 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         report = verify(planned)
         summary = commit(planned, report)
         clean(planned) >> archive >> report
+        done = complete()
+        summary >> done
+        announce(done)
+        health(summary)
         more_waiting(summary) >> TriggerDagRunOperator(
             task_id="drain_backlog", trigger_dag_id=dag_id
         )

@@ -15,9 +15,18 @@ from datetime import date, datetime, timedelta
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
 
-from cairn import rebuild
+from cairn import completeness, rebuild
 from cairn.config import TopicConfig, dag_safe
-from cairn_airflow import CairnSparkOperator, configured_topics, fail_fast, storage
+from cairn_airflow import (
+    CairnSparkOperator,
+    announce_dates,
+    configured_topics,
+    fail_fast,
+    rebuild_dag_id,
+    storage,
+    topic_asset,
+    topic_doc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +44,10 @@ def rebuild_dates(day: date, params: dict) -> list[date]:
 
 def rebuild_dag(cfg: TopicConfig) -> DAG:
     topic = cfg.topic
+    asset = topic_asset(topic)
     with DAG(
-        dag_id=f"rebuild__{dag_safe(topic)}",
+        dag_id=rebuild_dag_id(topic),
+        dag_display_name=f"{topic} · rebuild",
         description=f"Re-derive dates of {topic}'s parsed output from the backup",
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone=cfg.timezone),
         start_date=datetime(2000, 1, 1),
@@ -48,7 +59,7 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             "from_date": Param("", type="string", description="first date of a range (optional)"),
             "to_date": Param("", type="string", description="last date of a range (optional)"),
         },
-        doc_md=__doc__,
+        doc_md=topic_doc(cfg, "rebuild", __doc__),
     ) as dag:
 
         @task.short_circuit
@@ -75,9 +86,23 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
                 raise RuntimeError(f"topic {topic}: rebuild link {seq} does not name this run")
             return done.model_dump(mode="json", exclude={"files"}) | {"files": len(done.files)}
 
+        @task
+        def complete(chosen: dict) -> dict:
+            """Recount the complete dates the rebuild changed and rewrite their `_SUCCESS`."""
+            done = rebuild.read_rebuild(storage(cfg), topic, chosen["claim"]["seq"])
+            with fail_fast():
+                return completeness.rebuilt(cfg, storage(cfg), done).model_dump(mode="json")
+
+        @task(outlets=[asset])
+        def announce(done: dict) -> list[str]:
+            """One asset event per changed complete date; skipped if none."""
+            return announce_dates(asset, done)
+
         chosen = select()
         spark = CairnSparkOperator(task_id="rebuild", job="rebuild", topic=topic, payload=chosen)
-        spark >> report(chosen)
+        done = complete(chosen)
+        spark >> report(chosen) >> done
+        announce(done)
     return dag
 
 

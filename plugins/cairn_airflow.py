@@ -12,17 +12,38 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import yaml
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseHook, Variable
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk import (
+    Asset,
+    BaseHook,
+    DeadlineAlert,
+    DeadlineReference,
+    SyncCallback,
+    Variable,
+    get_current_context,
+)
+from airflow.sdk.configuration import conf
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.module_loading import import_string
+from airflow.sdk.observability.stats import Stats
 
-from cairn import fence, staging
-from cairn.config import REPO, TOPICS_FILE, TopicConfig, find_topic, load_topics, resolve
+from cairn import alerts, completeness, fence, metrics, staging, status
+from cairn.config import (
+    REPO,
+    TOPICS_FILE,
+    TopicConfig,
+    dag_safe,
+    find_topic,
+    load_topics,
+    resolve,
+)
 from cairn.errors import PERMANENT_EXIT, PermanentError
 from cairn.formats import REGISTRIES_VARIABLE, registry_ids
 from cairn.formats.avro import registry_config
@@ -49,6 +70,33 @@ def configured_topics() -> list[TopicConfig]:
     if any(entry.pattern for entry in entries):
         known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
     return resolve(entries, known)
+
+
+def archive_dag_id(topic: str) -> str:
+    return f"archive__{dag_safe(topic)}"
+
+
+def rebuild_dag_id(topic: str) -> str:
+    return f"rebuild__{dag_safe(topic)}"
+
+
+def topic_yaml(cfg: TopicConfig) -> str:
+    """The topic's effective configuration (defaults merged in) as YAML, as topics.yaml reads."""
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def topic_doc(cfg: TopicConfig, role: str, about: str) -> str:
+    """A DAG's `doc_md`: what the DAG does (`about`, its module docstring), the topic's
+    configuration and links to the topic's overview page, DAGs and archive root."""
+    topic = cfg.topic
+    links = [f"[overview](/cairn/topics/{topic})", f"[archive DAG](/dags/{archive_dag_id(topic)})"]
+    if cfg.parses:
+        links.append(f"[rebuild DAG](/dags/{rebuild_dag_id(topic)})")
+    return (
+        f"# {topic} · {role}\n\n{' · '.join(links)} · archive root "
+        f"`{cfg.root.storage_url}`\n\n{about.strip()}\n\n"
+        f"## Configuration of `{topic}`\n\n```yaml\n{topic_yaml(cfg)}```\n"
+    )
 
 
 def kafka_conf() -> KafkaConf:
@@ -168,3 +216,112 @@ class CairnSparkOperator(SparkSubmitOperator):
             if re.search(rf"Error code is: {PERMANENT_EXIT}\b", str(err)):
                 raise AirflowFailException(f"{claim.label} stopped for good: {err}") from err
             raise
+
+
+NOTIFIER_ENV = "CAIRN_NOTIFIER"
+"""Import path (`package.module.name`) of what Cairn calls when a topic needs a person: an
+Airflow notifier instance (e.g. a `SlackNotifier(...)` made in a module of yours) or any
+callable taking the task context. Unset: failures only show in the UI."""
+
+
+def notifier() -> list[Callable[..., Any]]:
+    """The configured notifier as Airflow failure callbacks (empty when none is configured)."""
+    path = os.environ.get(NOTIFIER_ENV, "").strip()
+    return [import_string(path)] if path else []
+
+
+def run_overdue(context: dict | None = None, topic: str = "?", limit: str = "") -> None:
+    """Deadline Alert callback (run by the scheduler's executor, with Airflow's deadline context:
+    the DAG run as a dict): an archive run is still unfinished past `max_run_duration`."""
+    context = context or {}
+    run_id = (context.get("dag_run") or {}).get("dag_run_id")
+    reason = (
+        f"topic {topic!r}: archive run {run_id} is not finished {limit} after it was queued "
+        "(max_run_duration in topics.yaml)"
+    )
+    log.error(reason)
+    for callback in notifier():
+        callback({**context, "reason": reason})
+
+
+def archive_deadline(cfg: TopicConfig) -> DeadlineAlert:
+    """Report a run not finished `max_run_duration` after it was queued: stuck on a task, a
+    Spark job or a full pool, it archives nothing and no check task would run to say so."""
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=cfg.max_run_duration,
+        callback=SyncCallback(
+            run_overdue, kwargs={"topic": cfg.topic, "limit": str(cfg.max_run_duration)}
+        ),
+    )
+
+
+def report_run(cfg: TopicConfig, seq: int) -> status.RunRecord | None:
+    """Send a committed run's metrics through Airflow's stats (StatsD, Datadog or OpenTelemetry,
+    as `[metrics]` configures them). Best effort: the run is committed whatever happens here."""
+    record = status.load(storage(cfg), cfg.topic, seq)
+    if record is None:
+        log.warning("topic %s: no status record for token %s; no metrics sent", cfg.topic, seq)
+        return None
+    try:
+        emit(metrics.run_samples(record))
+    except Exception as err:  # metrics must never fail a committed run
+        log.warning("topic %s: metrics not sent: %s: %s", cfg.topic, type(err).__name__, err)
+    return record
+
+
+def emit(samples: list[metrics.Sample]) -> None:
+    """Each sample through Airflow's stats: gauges, counters as increments, timings as timers.
+
+    Plain StatsD has no tags, so there, as in Airflow's own legacy names, the labels go into the
+    name: `cairn.offset_lag.<topic>.<partition>` (dots in a topic become `__`).
+    """
+    tagged = _stats_take_tags()
+    for sample in samples:
+        name, tags = sample.name, sample.labels
+        if not tagged:
+            name = ".".join([name, *(v.replace(".", "__") for v in tags.values())])
+            tags = None
+        if sample.name in metrics.TIMINGS:
+            Stats.timing(name, timedelta(seconds=sample.value), tags=tags)
+        elif sample.kind == "counter":
+            Stats.incr(name, int(sample.value), tags=tags)
+        else:
+            Stats.gauge(name, sample.value, tags=tags)
+
+
+def _stats_take_tags() -> bool:
+    """Whether Airflow's configured stats backend keeps tags (all but plain StatsD)."""
+    on = conf.getboolean("metrics", "statsd_on", fallback=False)
+    datadog = conf.getboolean("metrics", "statsd_datadog_enabled", fallback=False)
+    influx = conf.getboolean("metrics", "statsd_influxdb_enabled", fallback=False)
+    return datadog or influx or not on
+
+
+def check_health(cfg: TopicConfig) -> list[str]:
+    """Fail the task (so the notifier is called) if the topic breaches a limit; else return
+    what was checked."""
+    found = alerts.breaches(cfg, status.topic_status(storage(cfg), cfg.topic))
+    if found:
+        raise AirflowFailException("; ".join(map(str, found)))
+    return [
+        f"topic {cfg.topic!r}: within max_time_lag {cfg.max_time_lag} and "
+        f"max_quarantine_ratio {cfg.max_quarantine_ratio:g}"
+    ]
+
+
+def topic_asset(topic: str) -> Asset:
+    """The asset whose events announce `topic`'s complete dates (README, Completeness)."""
+    return Asset(completeness.asset_name(topic))
+
+
+def announce_dates(asset: Asset, done: dict) -> list[str]:
+    """Emit one event of `asset` per date `done` (a `Completion`) marked, the date as partition
+    key; skip the task when there is none, so no event without a date is ever emitted."""
+    keys = completeness.Completion.model_validate(done).partition_keys
+    if not keys:
+        raise AirflowSkipException("no date became complete or changed")
+    events = get_current_context()["outlet_events"][asset]
+    events.add_partitions(keys)
+    events.extra = {"topic": done["topic"], "complete_through": done["through"]}
+    return keys

@@ -8,6 +8,7 @@ integration"` runs only the fast unit tests.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,7 +112,15 @@ def spark_cluster(stack_settings: StackSettings) -> Iterator[str]:
 
 E2E_TOPIC = "e2e.orders"
 E2E_FIXED = "e2e.fixed"
+E2E_OVERVIEW = "e2e.overview"
 E2E_PREFIX = "e2e"
+E2E_COMPLETE = "e2e.complete"
+"""Read 2 records per partition a run; tests/dags/cairn_downstream.py runs on its dates. Its
+records are days old: no time-lag alert for them."""
+E2E_LAGGING = "e2e.lagging"
+E2E_QUIET = "e2e.quiet"
+"""Both alert past 1s of time lag: the lagging one reads 5 records a run, the quiet one all;
+the lagging one's runs also outlast its max_run_duration (its Deadline Alert fires)."""
 
 
 def e2e_topics(settings: StackSettings, fixed_field: str) -> str:
@@ -129,7 +138,30 @@ topics:
     max_records_per_partition: 60
   - topic: {E2E_FIXED}
     event_time: {{field: {fixed_field}, encoding: iso8601}}
+  - topic: {E2E_LAGGING}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_records_per_partition: 5
+    max_time_lag: 1s
+    max_run_duration: 5s
+  - topic: {E2E_QUIET}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_time_lag: 1s
+  - topic: {E2E_COMPLETE}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_records_per_partition: 2
+    lateness: 1h
+    max_time_lag: 30d
+  - topic: {E2E_OVERVIEW}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_quarantine_ratio: 0.5
+    max_records_per_partition: 110
 """
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +173,13 @@ def airflow(
     topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
     topics.write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
     settings = stack_settings.model_copy(
-        update={"spark_master": spark_cluster, "topics_file": topics, "airflow_dags_paused": True}
+        update={
+            "spark_master": spark_cluster,
+            "topics_file": topics,
+            "airflow_dags_paused": True,
+            "extra_dag_folders": [ROOT / "dags"],  # the example downstream DAG
+            "statsd_port": free_udp_port(),  # tests listen there (test_alerts)
+        }
     )
     started = []
     try:

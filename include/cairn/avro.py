@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -16,12 +17,18 @@ from fastavro.schema import SchemaParseException, UnknownType
 from fastavro.write import Writer
 
 CODECS = ("deflate", "snappy", "zstandard", "null")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # fastavro buffers one block in memory and compresses it once it passes this size, so a writer
 # holds ~256 KiB (plus one record) however many records go through it, and the writer's cap of
 # open files (cairn.writer) bounds the total. fastavro's default (16 kB) makes many tiny deflate
 # blocks; 256 KiB compresses nearly as well as larger blocks and every reader streams it.
 SYNC_INTERVAL = 256 * 1024
+
+TIMESTAMP_MILLIS: dict[str, str] = {"type": "long", "logicalType": "timestamp-millis"}
+"""Epoch millis that Spark, Trino and Hive read as timestamps; writers give ints, fastavro
+reads back aware datetimes (files written before it was used hold plain longs: `millis` takes
+both)."""
 
 _HEADER = {
     "type": "record",
@@ -41,7 +48,7 @@ BACKUP_SCHEMA: dict[str, Any] = {
         {"name": "topic", "type": "string"},
         {"name": "partition", "type": "int"},
         {"name": "offset", "type": "long"},
-        {"name": "timestamp", "type": "long", "doc": "Kafka record timestamp, epoch millis"},
+        {"name": "timestamp", "type": TIMESTAMP_MILLIS, "doc": "Kafka record timestamp"},
         {"name": "timestamp_type", "type": "int", "doc": "0 CreateTime, 1 LogAppendTime"},
         {"name": "key", "type": ["null", "bytes"], "default": None},
         {"name": "value", "type": ["null", "bytes"], "default": None},
@@ -57,7 +64,7 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
     "fields": [
         *copy.deepcopy(BACKUP_SCHEMA["fields"]),
         {"name": "reason", "type": "string"},
-        {"name": "processing_time", "type": "long", "doc": "when Cairn parsed it, epoch millis"},
+        {"name": "processing_time", "type": TIMESTAMP_MILLIS, "doc": "when Cairn parsed it"},
     ],
 }
 
@@ -152,6 +159,13 @@ class AvroFileWriter:
         if not self._closed:
             self._writer.flush()
             self._closed = True
+
+
+def millis(value: int | datetime) -> int:
+    """Epoch millis of a timestamp as read from Cairn's files, old (long) or new (datetime)."""
+    if isinstance(value, datetime):
+        return (value - _EPOCH) // timedelta(milliseconds=1)
+    return value
 
 
 def read_metadata(head: bytes) -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from datetime import tzinfo
+from datetime import date, timedelta, tzinfo
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -35,7 +35,7 @@ from pydantic import (
 from cairn.avro import load_schema
 from cairn.formats import FORMATS, format_class
 from cairn.formats.base import EventTime, FieldError
-from cairn.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic
+from cairn.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic, date_folder
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
@@ -101,6 +101,18 @@ def parse_archive_root(url: str) -> ArchiveRoot:
     )
 
 
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90', '90s', '30m', '2h', '1d' as a timedelta (a bare number is seconds)."""
+    found = _DURATION_RE.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"{text!r} is not a duration; write seconds or e.g. '30m', '2h', '1d'")
+    return timedelta(seconds=float(found[1]) * _DURATION_UNITS[found[2] or "s"])
+
+
 def dag_safe(topic: str) -> str:
     """`topic` as an Airflow dag_id fragment: `.` becomes `__dot__`, everything else stays.
 
@@ -140,6 +152,19 @@ class TopicConfig(BaseModel):
     codec: Literal["deflate", "snappy", "zstandard", "null"] = "deflate"
     new_partition_start: Literal["earliest", "latest"] = "earliest"
     accept_gaps: bool = False
+    consumer_group: str | None = None
+    """Kafka consumer group each commit records the token's offsets in (default `cairn.<topic>`),
+    so lag tools (kafka-consumer-groups, Burrow, kafka-lag-exporter) see Cairn like a consumer."""
+    commit_consumer_group: bool = True
+    max_time_lag: timedelta = timedelta(hours=1)
+    """Alert when the oldest record not yet archived is older than this ('30m', '2h', seconds)."""
+    max_quarantine_ratio: float = Field(default=0.01, ge=0, le=1)
+    """Alert when more than this share of the recent runs' records went to quarantine."""
+    max_run_duration: timedelta = timedelta(hours=1)
+    """Report a run still unfinished this long after it was queued (an Airflow Deadline Alert)."""
+    lateness: timedelta | None = timedelta(hours=1)
+    """How long after a date ends (in Kafka time) its records may still arrive before the date
+    is complete (`cairn.completeness`); later records amend it. None: no completeness."""
     format_settings: Any = Field(default=None, validate_default=True)
     """The format's own section (`avro: {...}` for format avro), as its `Settings` model."""
 
@@ -200,6 +225,20 @@ class TopicConfig(BaseModel):
             cause = (first.get("ctx") or {}).get("error")
             raise FieldError(where, str(cause) if cause else first["msg"]) from None
 
+    @field_validator("max_time_lag", "max_run_duration", mode="before")
+    @classmethod
+    def _max_time_lag(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.startswith("P"):  # ISO 8601 as pydantic reads it
+            return parse_duration(value)
+        return value
+
+    @field_validator("lateness", mode="before")
+    @classmethod
+    def _lateness(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.startswith("P"):
+            return parse_duration(value)
+        return value
+
     @field_validator("pattern")
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:
@@ -245,10 +284,32 @@ class TopicConfig(BaseModel):
             raise FieldError("topic", "give exactly one of 'topic' or 'pattern'")
         return self
 
+    @model_validator(mode="after")
+    def _completeness(self) -> TopicConfig:
+        if self.lateness is not None and self.lateness < timedelta(0):
+            raise FieldError("lateness", "must not be negative")
+        if self.tracks_completeness and date_folder(self.path_format, date(2000, 1, 1)) is None:
+            raise FieldError(
+                "path_format",
+                "completeness needs the date (%Y %m %d) in the leading folders, before %H and "
+                "%M, so each date has one folder for its _SUCCESS marker; or set lateness: null",
+            )
+        return self
+
+    @property
+    def tracks_completeness(self) -> bool:
+        """Whether Cairn marks this topic's complete dates (formats that parse, with lateness)."""
+        return self.lateness is not None and FORMATS[self.format].parses
+
     @property
     def label(self) -> str:
         """How errors and logs refer to this entry."""
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group the token's offsets are committed to."""
+        return self.consumer_group or f"cairn.{self.topic}"
 
     @property
     def parses(self) -> bool:

@@ -12,7 +12,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
@@ -191,5 +198,63 @@ def timestamps_at(
                 found[p] = msg.timestamp()[1]
                 consumer.pause([TopicPartition(topic, p)])
         return found
+    finally:
+        consumer.close()
+
+
+def commit_group_offsets(
+    kafka: KafkaConf, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0
+) -> None:
+    """Record `offsets` (the next offset to read, per partition) as consumer group `group`'s
+    position, so lag tools show the archive's lag like any consumer's. Raises on failure; the
+    caller decides that this never matters more than the token."""
+    if not offsets:
+        return
+    admin = _Client(kafka, AdminClient)
+    admin.metadata(topic, timeout)
+    request = ConsumerGroupTopicPartitions(
+        group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+    )
+    try:
+        (done,) = admin.client.alter_consumer_group_offsets(
+            [request], request_timeout=timeout
+        ).values()
+        result = done.result(timeout)
+    except KafkaException as err:
+        raise KafkaException(
+            f"cannot commit consumer group {group!r} offsets of topic {topic!r} on "
+            f"{kafka.describe()}: {err}"
+        ) from err
+    failed = [tp for tp in result.topic_partitions if tp.error is not None]
+    if failed:
+        raise KafkaException(
+            f"consumer group {group!r} topic {topic!r}: "
+            + "; ".join(f"partition {tp.partition}: {tp.error.str()}" for tp in failed)
+        )
+
+
+def offsets_after(
+    kafka: KafkaConf, topic: str, partitions: list[int], millis: int, timeout: float = 10.0
+) -> dict[int, int | None]:
+    """Per partition, the first offset whose Kafka timestamp is after `millis` (None: no such
+    record yet), for completeness. One ListOffsets request; no record is fetched."""
+    if not partitions:
+        return {}
+    reader = _Client(kafka, Consumer, **_CONSUMER, **{"group.id": "cairn-completeness"})
+    consumer = reader.client
+    try:
+        asked = [TopicPartition(topic, p, millis + 1) for p in sorted(partitions)]
+        try:
+            found = consumer.offsets_for_times(asked, timeout=timeout)
+        except KafkaException:
+            reader.check_access()
+            raise
+        failed = [tp for tp in found if tp.error is not None]
+        if failed:
+            raise KafkaException(
+                f"topic {topic!r}: no offsets for time {millis} from {kafka.describe()}: "
+                + "; ".join(f"partition {tp.partition}: {tp.error.str()}" for tp in failed)
+            )
+        return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
     finally:
         consumer.close()

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, tzinfo
+from datetime import date, datetime, time, tzinfo
+from itertools import takewhile
 from typing import Literal
 
 DataKind = Literal["backup", "partitioned", "quarantine"]
 DATA_KINDS: tuple[DataKind, ...] = ("backup", "partitioned", "quarantine")
 
 DEFAULT_PATH_FORMAT = "dt=%Y-%m-%d/hr=%H"
+SUCCESS_MARKER = "_SUCCESS"
+"""A complete date's marker, in its date folder; readers skip `_` files, parse_data_key too."""
 
 # Kafka's own rule for topic names (plus its ban on "." and ".."): these are path-safe.
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -213,6 +216,34 @@ def event_folder(path_format: str, when: datetime, tz: tzinfo) -> str:
 def folder_date(folder: str, path_format: str = DEFAULT_PATH_FORMAT) -> date:
     """The date a partitioned folder belongs to (in the topic's timezone)."""
     return datetime.strptime(folder, path_format).date()
+
+
+def date_prefix(path_format: str, day: date) -> str:
+    """The leading folders that `day` alone fixes (`dt=2024-06-01/` by default; may be "")."""
+    fixed = takewhile(lambda s: "%H" not in s and "%M" not in s, path_format.split("/"))
+    midnight = datetime.combine(day, time())
+    return "".join(f"{midnight.strftime(segment)}/" for segment in fixed)
+
+
+def date_folder(path_format: str, day: date) -> str | None:
+    """The one folder holding all of `day`'s partitioned folders (`dt=2024-06-01`), or None if
+    the format's leading folders do not fix the whole date (`hr=%H/dt=%Y-%m-%d`)."""
+    fixed = "/".join(takewhile(lambda s: "%H" not in s and "%M" not in s, path_format.split("/")))
+    if not all(d in fixed for d in ("%Y", "%m", "%d")):
+        return None
+    return date_prefix(path_format, day).rstrip("/")
+
+
+def success_key(topic: str, folder: str) -> str:
+    """The `_SUCCESS` marker of a complete date whose date folder is `folder`."""
+    if not is_safe_folder(folder):
+        raise ValueError(f"unsafe partition folder {folder!r}")
+    return f"partitioned/{check_topic(topic)}/{folder}/{SUCCESS_MARKER}"
+
+
+def completeness_key(topic: str) -> str:
+    """Where a topic's completeness state lives (`cairn.completeness`)."""
+    return f"_complete/{check_topic(topic)}.json"
 
 
 def _is_topic(name: object) -> bool:

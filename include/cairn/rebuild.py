@@ -33,18 +33,25 @@ from array import array
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from datetime import UTC, date, datetime, time
-from itertools import pairwise, takewhile
+from datetime import UTC, date, datetime
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import fastavro
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 
 from cairn import fence, staging, tokens
-from cairn.avro import read_metadata
+from cairn.avro import millis, read_metadata
 from cairn.errors import PermanentError
 from cairn.formats import Registries
-from cairn.layout import DataFile, chain_key, check_topic, folder_date, parse_data_key
+from cairn.layout import (
+    DataFile,
+    chain_key,
+    check_topic,
+    date_prefix,
+    folder_date,
+    parse_data_key,
+)
 from cairn.manifest import FileEntry, VerificationFailed
 from cairn.storage import Storage
 from cairn.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
@@ -133,7 +140,7 @@ def select(
     files = [
         f
         for day in days
-        for f in _day_files(storage, topic, cfg.path_format, day)
+        for f in day_files(storage, topic, cfg.path_format, day)
         if f.first_offset < snap.next_offsets.get(f.partition, 0)
     ]
     if not files:
@@ -359,16 +366,15 @@ def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[di
                     f"does not fit partition {source.partition} in offset order"
                 )
             previous = offset
+            record["timestamp"] = millis(record["timestamp"])  # old backups hold plain longs
             yield record
 
 
-def _day_files(storage: Storage, topic: str, path_format: str, day: date) -> list[DataFile]:
+def day_files(storage: Storage, topic: str, path_format: str, day: date) -> list[DataFile]:
     """Data files in `day`'s partitioned folders (of `path_format`) and quarantine."""
     check_topic(topic)
     # List only below the folders that the date alone fixes, e.g. `dt=2024-06-01/`.
-    fixed = takewhile(lambda s: "%H" not in s and "%M" not in s, path_format.split("/"))
-    midnight = datetime.combine(day, time())
-    prefix = "".join(f"{midnight.strftime(segment)}/" for segment in fixed)
+    prefix = date_prefix(path_format, day)
     found = []
     for key in storage.list(f"partitioned/{topic}/{prefix}"):
         f = parse_data_key(key)

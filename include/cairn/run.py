@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel
 
-from cairn import clean, fence, kafka_meta, manifest, staging, tokens
+from cairn import clean, fence, kafka_meta, manifest, staging, status, tokens
 from cairn.config import TopicConfig
 from cairn.kafka_conf import KafkaConf
 from cairn.layout import manifest_key
@@ -70,6 +70,12 @@ class Summary(BaseModel):
     gaps: list[tokens.Gap]
     lag_error: str | None = None
     """Why the lag is unknown: the token is committed all the same."""
+    partition_time_lag_seconds: dict[int, float] = {}
+    """`time_lag_seconds` per partition (0 where caught up)."""
+    consumer_group: str | None = None
+    """The consumer group the token's offsets were committed to (None: not committed)."""
+    consumer_group_error: str | None = None
+    """Why committing them failed: the token is committed all the same."""
 
 
 def load_planned(storage: Storage, claim_key: str) -> Planned:
@@ -166,17 +172,75 @@ def commit_run(
     """Create the token, then publish the run's staged files; only now is its output archived.
 
     Safe to retry at any point: a token that already names this attempt is success, and
-    publishing finishes what a crash interrupted.
+    publishing finishes what a crash interrupted. Then, best effort (the token stands whatever
+    happens): the topic's consumer group gets the token's offsets and the run its status record.
     """
     topic = planned.topic
+    newest = True
     if fence.decided_for(storage, topic, "archive", planned.seq) == planned.attempt_id:
         log.info("topic %s: token %s was already committed by this attempt", topic, planned.seq)
+        link = fence.read_link(storage, topic, "archive", planned.seq)
+        committed_at = link.created_at if link else datetime.now(UTC)
+        newest = fence.link_seqs(storage, topic, "archive")[-1:] == [planned.seq]
     else:
         _check_same_topic(kafka, planned)
         prepare_publication(storage, planned)
-        tokens.commit(storage, token_for(cfg, planned, report), planned.claim)
+        token = token_for(cfg, planned, report)
+        tokens.commit(storage, token, planned.claim)
+        committed_at = token.created_at
     staging.publish(storage, topic, planned.attempt_id)
-    return _summary(planned, report, kafka)
+    summary = _summary(planned, report, kafka)
+    if cfg.commit_consumer_group and newest:  # a late retry must not move the group back
+        summary = _commit_group(cfg, kafka, summary, planned.plan.next_offsets)
+    status.save(storage, run_record(planned, report, summary, committed_at))
+    return summary
+
+
+def run_record(
+    planned: Planned, report: manifest.VerifyReport, summary: Summary, committed_at: datetime
+) -> status.RunRecord:
+    """The status record of a committed run."""
+    counts = report.counts
+    return status.RunRecord(
+        topic=planned.topic,
+        seq=planned.seq,
+        run_id=planned.run_id,
+        planned_at=planned.planned_at,
+        committed_at=committed_at,
+        duration_seconds=max(0.0, (committed_at - planned.planned_at).total_seconds()),
+        records_read=counts.read,
+        records_partitioned=counts.partitioned,
+        records_quarantined=counts.quarantined,
+        bytes_written=counts.bytes,
+        offset_lag=summary.offset_lag,
+        time_lag_seconds=summary.time_lag_seconds,
+        lag_error=summary.lag_error,
+        next_offsets=planned.plan.next_offsets,
+        partition_time_lag_seconds=summary.partition_time_lag_seconds,
+        partition_counts=report.partitions,
+        consumer_group=summary.consumer_group,
+        consumer_group_error=summary.consumer_group_error,
+    )
+
+
+def _commit_group(
+    cfg: TopicConfig, kafka: KafkaConf, summary: Summary, offsets: dict[int, int]
+) -> Summary:
+    """Give the topic's consumer group the token's offsets; a failure is reported, not raised."""
+    group = cfg.group_id
+    try:
+        kafka_meta.commit_group_offsets(kafka, group, summary.topic, offsets)
+    except Exception as err:  # the token is committed; the group only mirrors it
+        error = f"{type(err).__name__}: {err}"
+        log.warning(
+            "topic %s: consumer group %s not updated to token %s: %s",
+            summary.topic,
+            group,
+            summary.seq,
+            error,
+        )
+        return summary.model_copy(update={"consumer_group_error": error})
+    return summary.model_copy(update={"consumer_group": group})
 
 
 def prepare_publication(storage: Storage, planned: Planned) -> None:
@@ -222,6 +286,7 @@ def _summary(planned: Planned, report: manifest.VerifyReport, kafka: KafkaConf) 
     next_offsets = planned.plan.next_offsets
     offset_lag: dict[int, int] = {}
     time_lag: float | None = None
+    partition_lag: dict[int, float] = {}
     error = None
     try:
         watermarks = kafka_meta.fetch_watermarks(kafka, planned.topic)
@@ -229,9 +294,12 @@ def _summary(planned: Planned, report: manifest.VerifyReport, kafka: KafkaConf) 
         behind = {p: next_offsets[p] for p, n in offset_lag.items() if n > 0 and p in next_offsets}
         oldest = kafka_meta.timestamps_at(kafka, planned.topic, behind)
         now_ms = datetime.now(UTC).timestamp() * 1000
-        time_lag = max(((now_ms - ts) / 1000 for ts in oldest.values()), default=0.0)
+        partition_lag = {p: 0.0 for p in offset_lag}
+        partition_lag.update({p: max(0.0, (now_ms - ts) / 1000) for p, ts in oldest.items()})
+        time_lag = max(partition_lag.values(), default=0.0)
     except Exception as err:  # the token is committed; a lag query must not fail the run
         error = f"{type(err).__name__}: {err}"
+        partition_lag = {}
         log.warning("topic %s: lag unknown after commit: %s", planned.topic, error)
     return Summary(
         topic=planned.topic,
@@ -243,4 +311,5 @@ def _summary(planned: Planned, report: manifest.VerifyReport, kafka: KafkaConf) 
         more_waiting=planned.plan.capped,
         gaps=planned.plan.gaps,
         lag_error=error,
+        partition_time_lag_seconds=partition_lag,
     )

@@ -82,6 +82,11 @@ def newest(storage: Storage, topic: str) -> Token | None:
     return _load(storage, topic, seqs[-1]) if seqs else None
 
 
+def token_at(storage: Storage, topic: str, seq: int) -> Token:
+    """Token `seq` of `topic` (CorruptToken if unreadable, FileNotFoundError if absent)."""
+    return _load(storage, topic, seq)
+
+
 def list_tokens(storage: Storage, topic: str) -> list[Token]:
     """All tokens of `topic`, oldest first."""
     return [_load(storage, topic, seq) for seq in _seqs(storage, topic)]

@@ -124,6 +124,11 @@ def run(settings: StackSettings, console: Console) -> None:
         )
     show_archive(find_topic(DEMO_TOPIC, settings.topics_file), console)
     console.print(f"Runs and their summaries: {settings.airflow_url}/dags/{dag_id}")
+    console.print(f"Overview of every topic: {settings.airflow_url}/plugin/cairn")
+    console.print(
+        f"This topic's page: {settings.airflow_url}/cairn/topics/{DEMO_TOPIC} "
+        f"(log in as {settings.airflow_user}; Prometheus: {settings.airflow_url}/cairn/metrics)"
+    )
 
 
 def show_archive(cfg: TopicConfig, console: Console) -> None:

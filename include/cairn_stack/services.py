@@ -251,6 +251,10 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     secret_file = home / "jwt_secret"
     if not secret_file.exists():
         secret_file.write_text(secrets.token_urlsafe(32))
+    # The static bearer token Prometheus scrapes /cairn/metrics with (plugins/cairn_overview.py).
+    metrics_token = home / "metrics_token"
+    if not metrics_token.exists():
+        metrics_token.write_text(secrets.token_urlsafe(32))
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({settings.airflow_user: settings.airflow_password}))
     # The Kafka provider's connection type; its extra is librdkafka configuration. Airflow
@@ -288,12 +292,26 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": settings.airflow_database_url,
         "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
+        "CAIRN_METRICS_TOKEN": metrics_token.read_text(),
         "AIRFLOW__API__BASE_URL": settings.airflow_url,
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": settings.host,
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(settings.airflow_health_port),
     }
+    if settings.extra_dag_folders:
+        local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+        bundles = [{"name": "dags-folder", "classpath": local, "kwargs": {}}] + [
+            {"name": f"extra-{i}", "classpath": local, "kwargs": {"path": str(folder)}}
+            for i, folder in enumerate(settings.extra_dag_folders)
+        ]
+        env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(bundles)
+    env["CAIRN_NOTIFIER"] = settings.notifier
+    env["CAIRN_ALERTS_FILE"] = str(settings.alerts_file)
+    if settings.statsd_port is not None:
+        env["AIRFLOW__METRICS__STATSD_ON"] = "True"
+        env["AIRFLOW__METRICS__STATSD_HOST"] = settings.host
+        env["AIRFLOW__METRICS__STATSD_PORT"] = str(settings.statsd_port)
     for conn_id, value in conn.items():
         env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(value)
     return env

@@ -62,6 +62,12 @@ class StackSettings(BaseSettings):
     spark_master: str = "local[*]"
     """Where Airflow's Spark connection submits jobs; point it at a cluster to scale out."""
     topics_file: Path = REPO / "include" / "topics.yaml"
+    extra_dag_folders: list[Path] = []
+    """More DAG folders (each its own Airflow DAG bundle) beside dags/: the tests' examples."""
+    notifier: str = "cairn_stack.notify.record"
+    """What Airflow calls on an alert (`CAIRN_NOTIFIER`); the stack's writes `alerts_file`."""
+    statsd_port: int | None = None
+    """Send Airflow's metrics (Cairn's among them) as StatsD to this UDP port on `host`."""
 
     start_timeout: float = 120.0
     """Seconds each service has to become healthy before `up` gives up."""
@@ -101,6 +107,11 @@ class StackSettings(BaseSettings):
     def airflow_database_url(self) -> str:
         """The same database for SQLAlchemy, through psycopg2."""
         return self.postgres_url.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+    @property
+    def alerts_file(self) -> Path:
+        """Where the stack's notifier (`cairn_stack.notify`) appends alerts."""
+        return self.state_dir / "airflow" / "alerts.jsonl"
 
     @property
     def airflow_url(self) -> str:

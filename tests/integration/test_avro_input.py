@@ -125,7 +125,7 @@ def test_avro_topic_is_resolved_quarantined_and_backed_up_verbatim(
         "currency": "EUR",  # written by v1, which had no currency: the reader's default
         "paid_at": DAY1,
     }
-    assert "legacy" not in a0 and a0["_event_time"] == int(DAY1.timestamp() * 1000)
+    assert "legacy" not in a0 and a0["_event_time"] == DAY1  # timestamp-millis: a datetime
     folder, b0 = parsed["b0"]
     assert folder == "dt=2024-06-02/hr=08" and b0["currency"] == "USD"
 

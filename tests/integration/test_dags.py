@@ -54,13 +54,24 @@ def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
     assert parsed["errors"] == {}
     archive = parsed["dags"]["archive__cairn__dot__demo__dot__events"]
     assert archive["tasks"] == sorted(
-        ["plan", "clean", "archive", "verify", "commit", "more_waiting", "drain_backlog"]
+        [
+            "plan",
+            "clean",
+            "archive",
+            "verify",
+            "commit",
+            "more_waiting",
+            "drain_backlog",
+            "check_health",
+            "complete",
+            "announce",
+        ]
     )
     assert archive["max_active_runs"] == 1
     assert archive["catchup"] is False
     assert "cairn_discover_topics" in parsed["dags"]
     rebuild = parsed["dags"]["rebuild__cairn__dot__demo__dot__events"]
-    assert rebuild["tasks"] == ["rebuild", "report", "select"]
+    assert rebuild["tasks"] == ["announce", "complete", "rebuild", "report", "select"]
     assert rebuild["max_active_runs"] == 1 and rebuild["catchup"] is False
 
 

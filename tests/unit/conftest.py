@@ -17,6 +17,17 @@ from cairn.tokens import Token
 from cairn.writer import KafkaRecord, write_partition
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
+TIMESTAMP_FIELDS = ("timestamp", "processing_time", "_kafka_timestamp", "_event_time")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def as_read(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` (written with epoch millis) as a reader gets it back: Cairn's timestamp-millis
+    fields as aware datetimes."""
+    return {
+        k: _EPOCH + timedelta(milliseconds=v) if k in TIMESTAMP_FIELDS and isinstance(v, int) else v
+        for k, v in record.items()
+    }
 
 
 @pytest.fixture

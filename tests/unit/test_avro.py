@@ -11,7 +11,9 @@ from cairn.avro import (
     AvroFileWriter,
     codec_available,
     load_schema,
+    millis,
 )
+from tests.unit.conftest import as_read
 
 
 def backup_record(offset: int, value: bytes | None = b"{}") -> dict:
@@ -40,7 +42,7 @@ def test_written_file_reads_back_with_the_requested_codec(codec):
     reader = fastavro.reader(buf)
     assert reader.codec == codec
     assert reader.writer_schema["name"] == "cairn.CairnBackupRecord"
-    assert list(reader) == records
+    assert list(reader) == [as_read(r) for r in records]
     stats = writer.stats
     assert (stats.records, stats.min_offset, stats.max_offset) == (10, 1, 10)
     assert (stats.min_event_time, stats.max_event_time) == (991, 1000)
@@ -105,7 +107,7 @@ def test_quarantine_schema_is_backup_plus_reason():
     writer.append(record, 1)
     writer.close()
     buf.seek(0)
-    assert list(fastavro.reader(buf)) == [record]
+    assert list(fastavro.reader(buf)) == [as_read(record)]
 
 
 def test_load_schema(tmp_path):
@@ -127,3 +129,22 @@ def test_load_schema(tmp_path):
             (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=name):
             load_schema(tmp_path / name)
+
+
+def test_timestamps_are_timestamp_millis_and_files_of_the_old_schema_still_read():
+    """Spark, Trino and Hive read the Kafka timestamp as a timestamp; files written before,
+    with a plain long, read as they were, and `millis` takes both."""
+    [field] = [f for f in BACKUP_SCHEMA["fields"] if f["name"] == "timestamp"]
+    assert field["type"] == {"type": "long", "logicalType": "timestamp-millis"}
+    old = json.loads(json.dumps(BACKUP_SCHEMA))
+    old["fields"][3]["type"] = "long"
+    buf = io.BytesIO()
+    fastavro.writer(buf, old, [backup_record(7)])
+    buf.seek(0)
+    [row] = fastavro.reader(buf)
+    assert row["timestamp"] == 1_700_000_000_000 == millis(row["timestamp"])
+    buf = io.BytesIO()
+    fastavro.writer(buf, BACKUP_SCHEMA, [backup_record(7)])
+    buf.seek(0)
+    [row] = fastavro.reader(buf)
+    assert row["timestamp"].tzinfo is not None and millis(row["timestamp"]) == 1_700_000_000_000

@@ -14,6 +14,7 @@ from cairn.avro import AvroFileWriter
 from cairn.config import TopicConfig
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined, output_schema
+from tests.unit.conftest import as_read
 
 USER_SCHEMA = {
     "type": "record",
@@ -90,7 +91,7 @@ def test_parsed_records_write_with_the_output_schema():
     writer.append(result.record, COORDS.offset, result.event_time)
     writer.close()
     buf.seek(0)
-    assert list(fastavro.reader(buf)) == [result.record]
+    assert list(fastavro.reader(buf)) == [as_read(result.record)]
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import fastavro
 import pytest
 
 from cairn import fence, staging, tokens
-from cairn.avro import BACKUP_SCHEMA
+from cairn.avro import BACKUP_SCHEMA, millis
 from cairn.config import TopicConfig, load_topics
 from cairn.fence import Fenced
 from cairn.layout import event_folder, folder_date, parse_data_key, partitioned_key
@@ -192,12 +192,12 @@ def assert_in_place(storage: Storage, cfg: TopicConfig, keys: list[str] | None =
     for key, rows in placed(storage, "partitioned").items():
         if keys is None or key in keys:
             for row in rows:
-                when = datetime.fromtimestamp(row["_event_time"] / 1000, UTC)
+                when = row["_event_time"]
                 assert event_folder(cfg.path_format, when, cfg.tzinfo) == parse_data_key(key).folder
     for key, rows in placed(storage, "quarantine").items():
         if keys is None or key in keys:
             for row in rows:
-                processed = datetime.fromtimestamp(row["processing_time"] / 1000, cfg.tzinfo)
+                processed = row["processing_time"].astimezone(cfg.tzinfo)
                 assert f"dt={processed.date()}" == parse_data_key(key).folder, (key, row)
 
 
@@ -240,6 +240,30 @@ def test_rebuild_with_the_same_config_rewrites_every_file_byte_for_byte(tmp_path
     assert data_files(storage) == before
     assert read_rebuild(storage, TOPIC, 1) == done
     assert storage.list("_attempts/") == []
+
+
+def test_backups_written_before_timestamp_millis_rebuild_to_the_same_files(tmp_path, storage):
+    """Backups whose Kafka timestamp is a plain long (Cairn before timestamp-millis) still read:
+    each file is read with its own schema, and the rebuild writes today's files from them."""
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    before = data_files(storage)
+    old = json.loads(json.dumps(BACKUP_SCHEMA))
+    old["fields"] = [f | {"type": "long"} if f["name"] == "timestamp" else f for f in old["fields"]]
+    for key in storage.list(f"backup/{TOPIC}/"):
+        with storage.open_read(key) as f:
+            reader = fastavro.reader(f)
+            meta = {k: v for k, v in reader.metadata.items() if not k.startswith("avro.")}
+            rows = [r | {"timestamp": millis(r["timestamp"])} for r in reader]
+        with storage.open_write(key) as out:
+            fastavro.writer(out, old, rows, codec="deflate", metadata=meta)
+
+    done = rebuild(storage, cfg, D1, D2, D3)
+
+    assert done.removed == []
+    assert {k: v for k, v in data_files(storage).items() if "backup/" not in k} == {
+        k: v for k, v in before.items() if "backup/" not in k
+    }
 
 
 def test_late_date_reads_only_the_backup_file_holding_it(tmp_path, storage):

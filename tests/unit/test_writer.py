@@ -18,6 +18,7 @@ from cairn.layout import backup_key, parse_data_key, partitioned_key, quarantine
 from cairn.manifest import Manifest, verify
 from cairn.storage import Storage
 from cairn.writer import KafkaRecord, PartitionResult, write_partition
+from tests.unit.conftest import as_read
 
 TOPIC, P, GEN = "orders", 3, 2
 NOW = datetime(2024, 6, 3, 8, 15, tzinfo=UTC)  # processing time
@@ -104,7 +105,7 @@ def test_mixed_batch_lands_verbatim_parsed_or_quarantined(tmp_path, storage):
     assert sorted(entries) == storage.list()  # nothing else, nothing staged left behind
 
     backup = backup_key(TOPIC, GEN, P, 100)
-    assert read(storage, backup) == [verbatim(r) for r in records]
+    assert read(storage, backup) == [as_read(verbatim(r)) for r in records]
 
     good = [(r, where) for r, where in MIXED if not where.startswith("q:")]
     folders = sorted({where for _, where in good})
@@ -115,12 +116,15 @@ def test_mixed_batch_lands_verbatim_parsed_or_quarantined(tmp_path, storage):
         assert [row["_kafka_offset"] for row in rows] == [r.offset for r in mine]
         for row, r in zip(rows, mine, strict=True):
             body = json.loads(r.value)
-            assert row == body | {
-                "_kafka_partition": P,
-                "_kafka_offset": r.offset,
-                "_kafka_timestamp": r.timestamp,
-                "_event_time": ms(body["ts"]),
-            }
+            assert row == as_read(
+                body
+                | {
+                    "_kafka_partition": P,
+                    "_kafka_offset": r.offset,
+                    "_kafka_timestamp": r.timestamp,
+                    "_event_time": ms(body["ts"]),
+                }
+            )
         times = [ms(json.loads(r.value)["ts"]) for r in mine]
         e = entries[key]
         assert (e.kind, e.records, e.first_offset, e.last_offset) == (
@@ -135,7 +139,7 @@ def test_mixed_batch_lands_verbatim_parsed_or_quarantined(tmp_path, storage):
     quarantine = quarantine_key(TOPIC, GEN, P, bad[0][0].offset, NOW.date())
     rows = read(storage, quarantine)
     assert [{k: v for k, v in row.items() if k != "reason"} for row in rows] == [
-        verbatim(r) | {"processing_time": NOW_MS} for r, _ in bad
+        as_read(verbatim(r) | {"processing_time": NOW_MS}) for r, _ in bad
     ]
     for row, (_, reason) in zip(rows, bad, strict=True):
         assert row["reason"].startswith(reason), row["reason"]
@@ -297,7 +301,7 @@ def test_raw_topic_writes_backup_only(tmp_path, storage):
     result = write_partition(records, config(tmp_path, "raw"), storage, NOW, ATTEMPT)
     key = backup_key(TOPIC, GEN, P, 100)
     assert storage.list() == [key]
-    assert read(storage, key) == [verbatim(r) for r in records]
+    assert read(storage, key) == [as_read(verbatim(r)) for r in records]
     [entry] = result.files
     assert (entry.kind, entry.records, entry.first_offset, entry.last_offset) == (
         "backup",

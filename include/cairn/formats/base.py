@@ -24,17 +24,18 @@ from typing import Any, ClassVar, Literal, Protocol
 import fastavro
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from cairn.avro import TIMESTAMP_MILLIS
 from cairn.layout import event_folder, is_safe_folder
 
 COORDINATE_FIELDS: list[dict[str, Any]] = [
     {"name": "_kafka_partition", "type": "int"},
     {"name": "_kafka_offset", "type": "long"},
-    {"name": "_kafka_timestamp", "type": "long", "doc": "Kafka record timestamp, epoch millis"},
+    {"name": "_kafka_timestamp", "type": TIMESTAMP_MILLIS, "doc": "Kafka record timestamp"},
     {
         "name": "_event_time",
-        "type": ["null", "long"],
+        "type": ["null", TIMESTAMP_MILLIS],
         "default": None,
-        "doc": "event time, epoch millis; null for processing-time topics",
+        "doc": "event time; null for processing-time topics",
     },
 ]
 _RESERVED = {f["name"] for f in COORDINATE_FIELDS}
