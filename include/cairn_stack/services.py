@@ -55,7 +55,7 @@ def jars(settings: StackSettings, group: str) -> Path:
 def kafka(settings: StackSettings) -> Service:
     """A single KRaft node with two client listeners on `host`: PLAINTEXT on `kafka_port`, and
     SASL_SSL (SCRAM-SHA-512 over TLS, certificates from `certs`) on `kafka_sasl_port`, whose
-    user is created when the storage is formatted. Brokers and controller talk PLAINTEXT."""
+    user is set from the settings at every start. Brokers and controller talk PLAINTEXT."""
     state = settings.state_dir / "kafka"
     data = state / "data"
     props = state / "server.properties"
@@ -110,10 +110,7 @@ def kafka(settings: StackSettings) -> Service:
         if (data / "meta.properties").exists():
             return
         cluster_id = kafka_cluster_id()
-        user, password = settings.kafka_sasl_user, settings.kafka_sasl_password
-        scram = f"SCRAM-SHA-512=[name={user},password={password}]"
         fmt = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)]
-        fmt += ["--add-scram", scram]
         done = subprocess.run(fmt, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise StackError(f"kafka: formatting storage failed:\n{done.stdout}{done.stderr}")
@@ -123,7 +120,11 @@ def kafka(settings: StackSettings) -> Service:
         argv=[*jvm, "kafka.Kafka", str(props)],
         state_dir=settings.state_dir,
         ports=[port, cport, sport],
-        healthy=lambda: _kafka_ready(settings.bootstrap_servers) and port_open(sport, host),
+        healthy=lambda: (
+            _kafka_ready(settings.bootstrap_servers)
+            and port_open(sport, host)
+            and _scram_user(settings)
+        ),
         prepare=prepare,
     )
 
@@ -134,6 +135,31 @@ def _kafka_ready(bootstrap: str) -> bool:
     try:
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         return bool(admin.list_topics(timeout=2).brokers)
+    except Exception:
+        return False
+
+
+def _scram_user(settings: StackSettings) -> bool:
+    """Set the SASL_SSL listener's SCRAM user to the settings' password (over the plaintext
+    listener), on every start: a state folder made before the listener existed, or a changed
+    password, then works without a fresh folder, and the password never shows in an argv."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    upsert = UserScramCredentialUpsertion(
+        settings.kafka_sasl_user,
+        ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+        settings.kafka_sasl_password.encode(),
+    )
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
+    try:
+        for future in admin.alter_user_scram_credentials([upsert], request_timeout=5).values():
+            future.result()
+        return True
     except Exception:
         return False
 
