@@ -530,8 +530,13 @@ def delete_topic(bootstrap: str, topic: str) -> None:
 @contextlib.contextmanager
 def private_kafka(state_dir: Path) -> Iterator[str]:
     """A single-node KRaft broker on free ports, state under `state_dir`; yields bootstrap."""
-    (port,) = free_port_block(1, step=2)
-    settings = StackSettings(state_dir=state_dir, kafka_port=port, kafka_controller_port=port + 1)
+    (port,) = free_port_block(1, step=3)
+    settings = StackSettings(
+        state_dir=state_dir,
+        kafka_port=port,
+        kafka_controller_port=port + 1,
+        kafka_sasl_port=port + 2,
+    )
     service = services.kafka(settings)
     with console.status("starting a private Kafka"):
         service.start(settings.start_timeout)

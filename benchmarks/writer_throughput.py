@@ -1,10 +1,14 @@
 """Where a Spark task's time goes: the Python side of one partition, in-process, no Kafka or Spark.
 
-Builds N records as the Arrow batches Spark's Kafka source hands to `mapInArrow` (same events as
-archive_throughput.py, picked at random like ProducerPerformance does), then times, one after the
-other on the same data: the Arrow-to-record conversion of spark_jobs/archive.py, the JSON parser
-alone, and the whole `write_partition` (conversion + parse + Avro + files) into an attempt's
-staging area (`cairn.staging.staged`) in a temp folder, as the Spark job calls it.
+Builds N records as the Arrow batches the archive job's JVM side hands to `mapInArrow`
+(`cairn.fastpath.OUTPUT_COLUMNS`: coordinates, the backup datum, the partitioned datum and event
+time; same events as archive_throughput.py, picked at random like ProducerPerformance does; the
+datums are encoded here by fastavro, byte-identical to Spark's `to_avro`), then times, one after
+the other on the same data: the Arrow-to-record conversion of spark_jobs/archive.py, the whole
+`write_partition` when the JVM parsed every value (Python only assembles blocks and files), and
+when it parsed none (every value through the Python reference parser, as for a topic
+`cairn.fastpath.gap` names or the records the fast path refuses), into an attempt's staging area
+(`cairn.staging.staged`) in a temp folder, as the Spark job calls it.
 
     .venv/bin/python benchmarks/writer_throughput.py --records 100000 [--profile]
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import pstats
 import random
 import shutil
@@ -23,6 +28,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import fastavro
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for spark_jobs
@@ -30,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for spark_jobs
 from archive_throughput import event_lines, topics_file
 
 from cairn import staging
+from cairn.avro import BACKUP_SCHEMA
 from cairn.formats import open_format
-from cairn.formats.base import KafkaCoords
+from cairn.formats.base import KafkaCoords, Parsed
 from cairn.storage import Storage
 from cairn.writer import write_partition
 from spark_jobs.archive import records
@@ -40,36 +47,39 @@ ATTEMPT = "bench-writer"  # the attempt id the files' headers name and the stagi
 BATCH = 5000  # spark.sql.execution.arrow.maxRecordsPerBatch in spark_jobs/archive.py
 SCHEMA = pa.schema(
     [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("timestamp", pa.int64()),
+        ("backup", pa.binary()),
+        ("datum", pa.binary()),
+        ("event_time", pa.int64()),
     ]
 )
+BACKUP = fastavro.parse_schema(BACKUP_SCHEMA)
 
 
-def batches(topic: str, count: int, spread_hours: int, seed: int) -> list[pa.RecordBatch]:
+def batches(cfg, count: int, spread_hours: int, seed: int, parsed: bool) -> list[pa.RecordBatch]:
+    """The JVM's output for `count` records: with `parsed`, every value parsed and encoded."""
     payloads = event_lines(10_000, spread_hours, seed)
     rng = random.Random(seed)
-    now = int(datetime(2025, 1, 1, tzinfo=UTC).timestamp() * 1_000_000)
-    out = []
-    for start in range(0, count, BATCH):
-        n = min(BATCH, count - start)
-        columns = {
-            "key": [None] * n,
-            "value": [rng.choice(payloads) for _ in range(n)],
-            "topic": [topic] * n,
-            "partition": [0] * n,
-            "offset": list(range(start, start + n)),
-            "timestamp": [now] * n,
-            "timestampType": [0] * n,
-            "headers": [[] for _ in range(n)],
-        }
-        out.append(pa.RecordBatch.from_pydict(columns, schema=SCHEMA))
+    json_format, now = open_format(cfg), datetime.now(UTC)
+    stamp = int(datetime(2025, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    out, rows = [], []
+    for offset in range(count):
+        value = rng.choice(payloads)
+        backup = io.BytesIO()
+        verbatim = {"topic": cfg.topic, "partition": 0, "offset": offset, "timestamp": stamp}
+        verbatim |= {"timestamp_type": 0, "key": None, "value": value, "headers": []}
+        fastavro.schemaless_writer(backup, BACKUP, verbatim)
+        result = json_format.parse(value, KafkaCoords(0, offset, stamp), now) if parsed else None
+        row = {**verbatim, "backup": backup.getvalue(), "datum": None, "event_time": None}
+        if isinstance(result, Parsed):
+            row |= {"datum": result.datum, "event_time": result.event_time}
+        rows.append(row)
+        if len(rows) == BATCH or offset == count - 1:
+            out.append(pa.RecordBatch.from_pylist(rows, schema=SCHEMA))
+            rows = []
     return out
 
 
@@ -77,7 +87,7 @@ def timed(label: str, count: int, fn: Callable[[], object]) -> None:
     start = time.perf_counter()
     fn()
     seconds = time.perf_counter() - start
-    print(f"{label:<34} {seconds:7.2f} s  {count / seconds:10,.0f} records/s")
+    print(f"{label:<40} {seconds:7.2f} s  {count / seconds:10,.0f} records/s")
 
 
 def main() -> None:
@@ -90,34 +100,34 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="cairn-writer-bench-"))
     cfg = topics_file(work / "topics.yaml", "bench.writer", work / "archive", args.records)
-    data = batches("bench.writer", args.records, args.spread_hours, args.seed)
-    json_format = open_format(cfg)
-    now = datetime.now(UTC)
-    staged = staging.staged(Storage(cfg.root.storage_url), cfg.topic, ATTEMPT)
+    n, now = args.records, datetime.now(UTC)
+    fast = batches(cfg, n, args.spread_hours, args.seed, parsed=True)
+    slow = batches(cfg, n, args.spread_hours, args.seed, parsed=False)
 
     def convert() -> None:
-        for _ in records(iter(data)):
+        for _ in records(iter(fast)):
             pass
 
-    def parse() -> None:
-        for r in records(iter(data)):
-            json_format.parse(r.value, KafkaCoords(0, r.offset, r.timestamp), now)
+    def write(data: list[pa.RecordBatch], attempt: str) -> Callable[[], None]:
+        def run() -> None:
+            staged = staging.staged(Storage(cfg.root.storage_url), cfg.topic, attempt)
+            result = write_partition(records(iter(data)), cfg, staged, now, attempt)
+            print(f"{'':<40} {len(result.files)} files")
 
-    def write() -> None:
-        result = write_partition(records(iter(data)), cfg, staged, now, ATTEMPT)
-        print(f"{'':<34} {len(result.files)} files")
+        return run
 
-    n = args.records
-    print(f"{n:,} records, {sum(b.nbytes for b in data) / 1e6:,.1f} MB of Arrow batches")
-    timed("Arrow -> KafkaRecord (records())", n, convert)
-    timed("  + parse", n, parse)
+    print(f"{n:,} records, {sum(b.nbytes for b in fast) / 1e6:,.1f} MB of Arrow batches")
+    timed("Arrow -> EncodedRecord (records())", n, convert)
     try:
-        if args.profile:
-            profile = cProfile.Profile()
-            profile.runcall(timed, "write_partition (everything)", n, write)
-            pstats.Stats(profile).sort_stats("tottime").print_stats(15)
-        else:
-            timed("write_partition (everything)", n, write)
+        jobs = [("write_partition, JVM parsed all", write(fast, ATTEMPT))]
+        jobs.append(("write_partition, Python parses all", write(slow, ATTEMPT + "-py")))
+        for label, job in jobs:
+            if args.profile:
+                profile = cProfile.Profile()
+                profile.runcall(timed, label, n, job)
+                pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+            else:
+                timed(label, n, job)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import fastavro
 from fastavro.schema import SchemaParseException, UnknownType
@@ -113,9 +113,12 @@ class FileStats:
 class AvroFileWriter:
     """Stream records into one Avro container file with memory bounded by one block.
 
-    `fileobj` stays open (its owner, e.g. `Storage.open_write`, publishes or discards it);
-    `close()` writes the last block. The codec is checked up front so a missing library fails
-    before any Kafka data is read, not at the first block.
+    Records come in as dicts (`append`, encoded here) or as datums the JVM already encoded
+    (`append_datum`); both fill the same block, cut by the same rule as fastavro's own writer
+    (after the record that takes it past `sync_interval`), so a file's bytes do not depend on
+    which path encoded its records. `fileobj` stays open (its owner, e.g. `Storage.open_write`,
+    publishes or discards it); `close()` writes the last block. The codec is checked up front so
+    a missing library fails before any Kafka data is read, not at the first block.
     """
 
     def __init__(
@@ -133,16 +136,53 @@ class AvroFileWriter:
             raise ValueError(f"Avro codec {codec!r} is unknown or its library is not installed")
         sync = hashlib.blake2b(name.encode(), digest_size=16).digest()
         self._writer = Writer(
-            fileobj, schema, codec, sync_interval, metadata=metadata or {}, sync_marker=sync
+            fileobj,
+            _stable(schema),
+            codec,
+            sync_interval,
+            metadata=metadata or {},
+            sync_marker=sync,
         )
+        self._schema = self._writer.schema  # parsed
+        self._block, self._count, self._interval = io.BytesIO(), 0, sync_interval
         self._closed = False
         self.stats = FileStats()
 
     def append(self, record: dict[str, Any], offset: int, event_time: int | None = None) -> None:
         """Write one record; `offset` and `event_time` (epoch millis) feed the file's stats."""
+        self._check_open()
+        fastavro.schemaless_writer(self._block, self._schema, record)
+        self._added(offset, event_time)
+
+    def append_datum(self, datum: bytes, offset: int, event_time: int | None = None) -> None:
+        """Write one record already encoded with this file's schema (Avro binary)."""
+        self._check_open()
+        self._block.write(datum)
+        self._added(offset, event_time)
+
+    def flush(self) -> None:
+        """Write the buffered block out (the file stays valid Avro after each flush)."""
+        self._dump()
+        self._writer.flush()
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def _dump(self) -> None:
+        if self._count:
+            self._writer.write_block(_Block(self._count, self._block))
+            self._block, self._count = io.BytesIO(), 0
+
+    def _check_open(self) -> None:
         if self._closed:
             raise ValueError("writer is closed")
-        self._writer.write(record)
+
+    def _added(self, offset: int, event_time: int | None) -> None:
+        self._count += 1
+        if self._block.tell() >= self._interval:
+            self._dump()
         s = self.stats
         s.records += 1
         s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, offset)
@@ -151,14 +191,30 @@ class AvroFileWriter:
                 s.min_event_time, s.max_event_time, event_time
             )
 
-    def flush(self) -> None:
-        """Write the buffered block out (the file stays valid Avro after each flush)."""
-        self._writer.flush()
 
-    def close(self) -> None:
-        if not self._closed:
-            self._writer.flush()
-            self._closed = True
+def _stable(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its keys sorted, for the header: fastavro's parsed schemas do not keep
+    one key order (a field's `doc` and `default` came out either way round in different
+    processes), and a retry on another worker must write the same header bytes."""
+    plain = {k: v for k, v in schema.items() if k not in ("__fastavro_parsed", "__named_schemas")}
+    return json.loads(json.dumps(plain, sort_keys=True))
+
+
+class _Block(NamedTuple):
+    """What fastavro's `Writer.write_block` takes: encoded records it compresses and frames."""
+
+    num_records: int
+    bytes_: io.BytesIO
+
+
+_BACKUP_PARSED = fastavro.parse_schema(BACKUP_SCHEMA)
+
+
+def decode_backup(datum: bytes) -> dict[str, Any]:
+    """A backup datum as the record dict the writer encodes (timestamp in epoch millis)."""
+    record = fastavro.schemaless_reader(io.BytesIO(datum), _BACKUP_PARSED)
+    record["timestamp"] = millis(record["timestamp"])
+    return record
 
 
 def millis(value: int | datetime) -> int:

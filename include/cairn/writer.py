@@ -27,10 +27,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, NonNegativeInt
 
-from cairn.avro import BACKUP_SCHEMA, QUARANTINE_SCHEMA, AvroFileWriter
+from cairn.avro import BACKUP_SCHEMA, QUARANTINE_SCHEMA, AvroFileWriter, decode_backup
 from cairn.formats import Registries, open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined
-from cairn.layout import DataKind, backup_key, partitioned_key, quarantine_key
+from cairn.layout import (
+    DataKind,
+    backup_key,
+    event_folder,
+    is_safe_folder,
+    partitioned_key,
+    quarantine_key,
+)
 from cairn.manifest import FileEntry
 from cairn.storage import Storage
 
@@ -40,6 +47,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_OPEN_FILES = 256
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+_MINUTES_KEPT = 10_000  # folders remembered per writer (a week of minutes; ~1 MB)
 
 
 class KafkaRecord(NamedTuple):
@@ -53,6 +61,20 @@ class KafkaRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]] | None = None
+
+
+class EncodedRecord(NamedTuple):
+    """One Kafka record as the Spark job hands it over (`cairn.fastpath`): its coordinates, its
+    backup datum, and, when the JVM parsed the value, the partitioned datum and its event time
+    (epoch millis). `datum` None: the Python parser decides, from the value in the backup."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    backup: bytes
+    datum: bytes | None = None
+    event_time: int | None = None
 
 
 class PartitionResult(BaseModel):
@@ -79,7 +101,7 @@ def check_write_args(cfg: TopicConfig, processing_time: datetime, max_open_files
 
 
 def write_partition(
-    records: Iterable[KafkaRecord],
+    records: Iterable[KafkaRecord | EncodedRecord],
     cfg: TopicConfig,
     storage: Storage,
     processing_time: datetime,
@@ -89,6 +111,8 @@ def write_partition(
 ) -> PartitionResult:
     """Write one Kafka partition's records (offset order) in one pass; see the module doc.
 
+    Records come decoded (`KafkaRecord`: everything is encoded and parsed here) or as the
+    Spark job's JVM encoded them (`EncodedRecord`); both give the same bytes.
     `storage` is the attempt's staging area; `registries` holds the Schema Registry client
     configurations the topic's format needs (`cairn.formats.open_format`). On any exception
     the files still open are discarded and the exception propagates; files already written stay
@@ -204,6 +228,9 @@ class ParsedWriter:
         self.partitioned: OrderedDict[str, _OpenFile] = OrderedDict()  # least recent first
         self.source = ""
         """The backup key of the records being written (set before the first `write`)."""
+        self._format = cfg.path_format
+        self._processing_folder = event_folder(self._format, processing_time, cfg.tzinfo)
+        self._minute_folders: dict[int, str | None] = {}
 
     def parse(self, verbatim: dict[str, Any]) -> Parsed | Quarantined:
         coords = KafkaCoords(verbatim["partition"], verbatim["offset"], verbatim["timestamp"])
@@ -213,7 +240,7 @@ class ParsedWriter:
         partition, offset = verbatim["partition"], verbatim["offset"]
         if isinstance(result, Parsed):
             out = self._partitioned(result.folder, partition, offset)
-            out.avro.append(result.record, offset, result.event_time)
+            out.avro.append_datum(result.datum, offset, result.event_time)
             return
         if self.quarantine is None:
             gen = self.cfg.generation
@@ -223,6 +250,47 @@ class ParsedWriter:
             )
         extra = {"reason": result.reason, "processing_time": self.processing_ms}
         self.quarantine.avro.append(verbatim | extra, offset)
+
+    def write_datum(
+        self, datum: bytes, partition: int, offset: int, event_time: int | None
+    ) -> bool:
+        """File a record the JVM parsed and encoded (`cairn.fastpath`) by its event time, as
+        `parse` would; False (nothing written) if its folder is not one `parse` would accept."""
+        if (event_time is None) != (self.cfg.event_time is None):
+            return False
+        folder = self._folder_of(event_time)
+        if not is_safe_folder(folder):
+            return False
+        out = self._partitioned(folder, partition, offset)
+        out.avro.append_datum(datum, offset, event_time)
+        return True
+
+    def _folder_of(self, event_time: int | None) -> str:
+        """The folder of an event time (or of the processing time), through a memo of UTC
+        minutes: rendering a folder costs more than the rest of filing a record."""
+        if event_time is None:
+            return self._processing_folder
+        minute = event_time // 60_000
+        if minute not in self._minute_folders:
+            if len(self._minute_folders) >= _MINUTES_KEPT:
+                self._minute_folders.clear()
+            self._minute_folders[minute] = self._minute_folder(minute)
+        folder = self._minute_folders[minute]
+        return folder if folder is not None else self._local(event_time).strftime(self._format)
+
+    def _minute_folder(self, minute: int) -> str | None:
+        """The one folder of every millisecond of a UTC minute, or None if it has two.
+
+        With one offset throughout, local time only moves forward, so the minute's first and
+        last millisecond in the same folder mean all of it is (folders name minutes at most).
+        """
+        first, last = self._local(minute * 60_000), self._local(minute * 60_000 + 59_999)
+        folder = first.strftime(self._format)
+        same = first.utcoffset() == last.utcoffset() and folder == last.strftime(self._format)
+        return folder if same else None
+
+    def _local(self, millis: int) -> datetime:
+        return (_EPOCH + millis * _MS).astimezone(self.cfg.tzinfo)
 
     def close(self) -> None:
         """Finish the files still open (quarantine first, then partitioned)."""
@@ -272,19 +340,29 @@ class _PartitionWriter:
             self.parsed = ParsedWriter(cfg, files, processing_time, day, max_open_files, registries)
         self.backup: _OpenFile | None = None
         self.records = 0
-        self.last: KafkaRecord | None = None
+        self.last: KafkaRecord | EncodedRecord | None = None
 
-    def write(self, r: KafkaRecord) -> None:
+    def write(self, r: KafkaRecord | EncodedRecord) -> None:
         self._check(r)
         self.records, self.last = self.records + 1, r
-        verbatim = _verbatim(r)
         if self.backup is None:
             key = backup_key(self.topic, self.cfg.generation, r.partition, r.offset)
             meta = file_metadata(self.processing_time, attempt=self.attempt_id)
             self.backup = self.files.open(key, "backup", r.partition, BACKUP_SCHEMA, meta)
             if self.parsed is not None:
                 self.parsed.source = key
-        self.backup.avro.append(verbatim, r.offset)
+        if isinstance(r, EncodedRecord):
+            self.backup.avro.append_datum(r.backup, r.offset)
+            parsed = self.parsed
+            if parsed is None or (
+                r.datum is not None
+                and parsed.write_datum(r.datum, r.partition, r.offset, r.event_time)
+            ):
+                return
+            verbatim = decode_backup(r.backup)
+        else:
+            verbatim = _verbatim(r)
+            self.backup.avro.append(verbatim, r.offset)
         if self.parsed is not None:
             self.parsed.write(verbatim, self.parsed.parse(verbatim))
 
@@ -301,7 +379,7 @@ class _PartitionWriter:
             files=self.files.files,
         )
 
-    def _check(self, r: KafkaRecord) -> None:
+    def _check(self, r: KafkaRecord | EncodedRecord) -> None:
         """File names and verify's offset spans rely on one topic-partition in offset order."""
         if r.topic != self.topic:
             raise ValueError(f"record of topic {r.topic!r} given to the writer of {self.topic!r}")

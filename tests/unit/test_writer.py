@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import IO
+from zoneinfo import ZoneInfo
 
 import fastavro
 import pytest
 
 from cairn.avro import read_metadata
 from cairn.config import TopicConfig, load_topics
-from cairn.layout import backup_key, parse_data_key, partitioned_key, quarantine_key
+from cairn.layout import (
+    backup_key,
+    event_folder,
+    parse_data_key,
+    partitioned_key,
+    quarantine_key,
+)
 from cairn.manifest import Manifest, verify
 from cairn.storage import Storage
-from cairn.writer import KafkaRecord, PartitionResult, write_partition
+from cairn.writer import KafkaRecord, OutputFiles, ParsedWriter, PartitionResult, write_partition
 from tests.unit.conftest import as_read
 
 TOPIC, P, GEN = "orders", 3, 2
@@ -365,3 +373,45 @@ def test_bytearrays_from_spark_rows_are_written_as_bytes(tmp_path, storage):
     )
     [parsed] = read(storage, partitioned_key(TOPIC, GEN, P, 0, "dt=2024-06-01/hr=10"))
     assert parsed["_kafka_offset"] == 0
+
+
+def _transitions(tz: ZoneInfo, year: int) -> list[int]:
+    """Epoch millis of the offset changes of `tz` in `year` (bisected to the millisecond)."""
+    start = int(datetime(year, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    found, step = [], 3_600_000
+    offset = lambda ms: (datetime.fromtimestamp(ms / 1000, UTC).astimezone(tz)).utcoffset()  # noqa: E731
+    for low in range(start, start + 366 * 86_400_000, step):
+        high = low + step
+        if offset(low) != offset(high):
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if offset(mid) == offset(low) else (low, mid)
+            found.append(high)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("zone", "year"),
+    [
+        ("America/New_York", 2024),
+        ("Europe/Amsterdam", 1916),
+        ("Europe/Amsterdam", 1937),
+        ("Asia/Kathmandu", 1985),
+    ],
+)
+@pytest.mark.parametrize("path_format", ["dt=%Y-%m-%d/hr=%H", "dt=%Y-%m-%d/hr=%H/min=%M"])
+def test_the_minute_memo_files_every_millisecond_as_rendering_it_would(
+    tmp_path, storage, zone, year, path_format
+):
+    """Around offset changes, also ones at odd seconds (local mean time), the memo of folders by
+    UTC minute gives what `event_folder` gives for each millisecond."""
+    cfg = config(tmp_path, timezone=zone, path_format=path_format)
+    files = OutputFiles(storage, cfg.codec, contextlib.ExitStack())
+    writer = ParsedWriter(cfg, files, NOW, NOW.date(), 4)
+    changes = _transitions(ZoneInfo(zone), year)
+    assert changes
+    rng = random.Random(zone)
+    for change in changes:
+        for millis in sorted(change + rng.randrange(-7_200_000, 7_200_000) for _ in range(3000)):
+            when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis)
+            assert writer._folder_of(millis) == event_folder(path_format, when, cfg.tzinfo)

@@ -12,11 +12,12 @@ Formats see a topic through `Topic`, the few settings they read, and never impor
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -43,8 +44,8 @@ _RESERVED = {f["name"] for f in COORDINATE_FIELDS}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 # A day inside years 1000..9999 so that in any timezone %Y renders as four digits.
-_MIN_MS = (datetime(1000, 1, 2, tzinfo=UTC) - _EPOCH) // _MS
-_MAX_MS = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // _MS
+MIN_EVENT_MS = (datetime(1000, 1, 2, tzinfo=UTC) - _EPOCH) // _MS
+MAX_EVENT_MS = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // _MS
 MAX_REASON = 300
 _FIELD_PATH_RE = re.compile(r"[^.\s]+(\.[^.\s]+)*")
 _TYPE_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -122,6 +123,7 @@ class Parsed:
     folder: str  # relative folder under partitioned/<topic>/
     folder_time: datetime  # event time (or processing time) in the topic's timezone
     event_time: int | None  # epoch millis; None for processing-time topics
+    datum: bytes = b""  # `record` encoded with the output schema (set by `ParsingFormat.parse`)
 
 
 @dataclass(frozen=True)
@@ -210,9 +212,21 @@ class ParsingFormat(Format):
         try:
             if value is None:
                 raise Reject("tombstone (null value)")
-            return self.decode(value, coords, processing_time)
+            parsed = self.decode(value, coords, processing_time)
+            return replace(parsed, datum=self._encode(parsed.record))
         except Reject as reject:
             return Quarantined(str(reject)[:MAX_REASON])
+
+    def _encode(self, record: dict[str, Any]) -> bytes:
+        """The record's datum. Encoding here, not in the file, keeps a value that passes
+        validation but cannot be written (an integer too large for a double) out of the file:
+        it is quarantined instead of failing the run."""
+        out = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(out, self.schema, record)
+        except (OverflowError, ValueError, TypeError) as err:
+            raise Reject(f"a value does not fit the schema: {err}") from None
+        return out.getvalue()
 
     @abstractmethod
     def decode(
@@ -286,11 +300,11 @@ def event_millis(record: dict[str, Any], spec: EventTime, tz: tzinfo) -> int:
     else:
         if isinstance(raw, bool) or not isinstance(raw, int | float):
             raise Reject(f"event time field '{name}' is {type_name(raw)}, expected a number")
-        if not math.isfinite(raw):
-            raise Reject(f"event time field '{name}' is not finite")
         scale = 1000 if spec.encoding == "epoch_seconds" else 1
+        if isinstance(raw, float) and not math.isfinite(raw * scale):
+            raise Reject(f"event time field '{name}' is not finite")
         millis = raw * scale if isinstance(raw, int) else round(raw * scale)
-    if not _MIN_MS <= millis <= _MAX_MS:
+    if not MIN_EVENT_MS <= millis <= MAX_EVENT_MS:
         raise Reject(f"event time field '{name}' is out of range (years 1000-9999)")
     return millis
 

@@ -1,0 +1,251 @@
+"""The JVM side of the archive: Spark SQL that encodes every record's backup datum and, for JSON
+topics, parses, checks and encodes its partitioned datum, so Python only assembles Avro blocks.
+
+Python parsing costs tens of microseconds a record; the JVM does the same work for a few. But
+the Python parser (`cairn.formats`) stays the reference: it alone decides quarantine reasons, and
+the JVM may only take a record when it is certain to give the same bytes. So the fast path is
+*sound, not complete*: it accepts a value only when every check below holds, and hands anything
+else (invalid JSON, duplicate keys, a wrong type, a lone surrogate, a number it cannot prove
+equal...) to the reference, which parses or quarantines it. `tests/integration/test_fastpath.py`
+proves over a generated corpus that both paths write byte-identical files.
+
+How a value is judged (JSON text → Spark VARIANT, Spark 4.0):
+- `try_parse_json('[' || value || ',"<nonce>"]')`: the value is exactly one JSON document (the
+  parser ignores text after the first one; the random closing element proves it reached the
+  end), with no duplicate keys; plus valid UTF-8 and no `\\uD8xx`-style escapes (Python and Java
+  decode lone surrogates differently);
+- each schema field is absent with a default, JSON null in a nullable field, or of the variant
+  type that Python's validation also accepts (see `_TYPE_CHECKS`), within the Avro type's range;
+- the event time is an integer (epoch encodings) or a strict ISO-8601 string with an offset, in
+  the four-digit-year range.
+
+Only flat schemas of string, boolean, int, long, double fields (each optionally a union with
+null) qualify; `gap` names what keeps any other topic on the Python parser. The record's folder
+is rendered in Python from its event time (`cairn.writer`), so folder names always follow
+Python's timezone database, the same one a rebuild uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from cairn.avro import BACKUP_SCHEMA
+from cairn.formats.base import MAX_EVENT_MS, MIN_EVENT_MS, output_schema
+
+if TYPE_CHECKING:
+    from cairn.formats.base import Topic
+
+OUTPUT_COLUMNS = ("topic", "partition", "offset", "timestamp", "backup", "datum", "event_time")
+"""What `select` gives each record: Kafka coordinates (timestamp in epoch millis), the backup
+datum, and the partitioned datum with its event time (null when the reference must parse)."""
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INTEGERS = "('TINYINT', 'SMALLINT', 'INT', 'BIGINT')"
+_SQL_TYPES = {"string": "string", "boolean": "boolean", "int": "int", "long": "bigint"}
+_SQL_TYPES["double"] = "double"
+_INT32 = (-(2**31), 2**31 - 1)
+# Strict ISO-8601 with an explicit offset; a time without one is the topic's local time, where
+# DST gaps and folds make Java and Python disagree, so the reference takes those.
+_ISO = (
+    r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+    r"(\\.[0-9]{1,6})?(Z|[+-](0[0-9]|1[0-7]):[0-5][0-9])$"
+)
+_SURROGATE_ESCAPE = r"\\\\u[dD][89a-fA-F]"  # as the reference's check, in SQL-escaped form
+
+
+def gap(topic: Topic) -> str | None:
+    """Why the JVM cannot parse this topic's values (None when it can): the reason is logged,
+    and every record goes to the Python parser."""
+    if topic.format != "json":
+        return f"{topic.format} values are decoded in Python"
+    if topic.event_time is not None and not all(
+        _NAME.fullmatch(p) for p in topic.event_time.field.split(".")
+    ):
+        return f"event time field {topic.event_time.field!r} is not a plain dotted name"
+    for field in (topic.user_schema or {}).get("fields", []):
+        if _field_type(field) is None:
+            return f"field {field.get('name')!r} has type {json.dumps(field.get('type'))}"
+    return None
+
+
+def select(topic: Topic, nonce: str) -> list[list[str]]:
+    """Spark SQL projections, applied in order (`selectExpr`) to Spark's Kafka source, giving
+    `OUTPUT_COLUMNS` for each record.
+
+    `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
+    JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
+    values are named once (`_whole`, `_doc`, `_event`) so each is computed once a record.
+    """
+    coords = [
+        "topic",
+        "partition",
+        "offset",
+        "unix_millis(timestamp) AS timestamp",
+        f"{_to_avro(_backup_struct(), BACKUP_SCHEMA)} AS backup",
+    ]
+    if gap(topic) is not None:
+        return [[*coords, "CAST(NULL AS BINARY) AS datum", "CAST(NULL AS BIGINT) AS event_time"]]
+    if not re.fullmatch(r"[A-Za-z]{8,64}", nonce):
+        raise ValueError("the nonce must be 8 to 64 ASCII letters")
+    text = "CAST(value AS STRING)"
+    event, event_ok = _event_time(topic)
+    fields = (topic.user_schema or {})["fields"]
+    checks = [
+        f"try_variant_get(_whole, '$[1]', 'string') = '{nonce}'",
+        "variant_get(_whole, '$[2]') IS NULL",
+        f"is_valid_utf8({text})",
+        f"NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
+        "schema_of_variant(_doc) LIKE 'OBJECT<%'",
+        event_ok,
+        *(_field_ok(f) for f in fields),
+    ]
+    record = [f"'{f['name']}', {_field_value(f)}" for f in fields]
+    record += [
+        "'_kafka_partition', partition",
+        "'_kafka_offset', offset",
+        "'_kafka_timestamp', unix_millis(timestamp)",
+        "'_event_time', _event",
+    ]
+    datum = _to_avro(f"named_struct({', '.join(record)})", output_schema(topic.user_schema or {}))
+    accepted = f"coalesce({' AND '.join(f'({c})' for c in checks)}, false)"
+    return [
+        ["*", f"try_parse_json(concat('[', {text}, ',\"{nonce}\"]')) AS _whole"],
+        ["*", "variant_get(_whole, '$[0]') AS _doc"],
+        ["*", f"{event} AS _event", f"{accepted} AS _accepted"],
+        [
+            *coords,
+            f"CASE WHEN _accepted THEN {datum} END AS datum",
+            "CASE WHEN _accepted THEN _event END AS event_time",
+        ],
+    ]
+
+
+def _backup_struct() -> str:
+    empty = "CAST(array() AS ARRAY<STRUCT<key: STRING, value: BINARY>>)"
+    return (
+        "named_struct('topic', topic, 'partition', partition, 'offset', offset, "
+        "'timestamp', unix_millis(timestamp), 'timestamp_type', timestampType, "
+        f"'key', key, 'value', value, 'headers', coalesce(headers, {empty}))"
+    )
+
+
+def _to_avro(struct: str, schema: dict[str, Any]) -> str:
+    return f"to_avro({struct}, {_literal(json.dumps(schema))})"
+
+
+def _literal(text: str) -> str:
+    """A Spark SQL string literal (backslash escapes are on by default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _field_type(field: dict[str, Any]) -> tuple[str, bool] | None:
+    """(primitive, nullable) for the field types the fast path writes, else None."""
+    t = field.get("type")
+    names = [_primitive(b) for b in (t if isinstance(t, list) else [t])]
+    kinds = [n for n in names if n != "null"]
+    if len(kinds) != 1 or kinds[0] not in _SQL_TYPES or len(names) > 2:
+        return None
+    return kinds[0], len(names) == 2
+
+
+def _primitive(schema: Any) -> str | None:
+    """`"long"` or `{"type": "long"}` (no logical type or other attribute) as its name."""
+    if isinstance(schema, dict) and set(schema) == {"type"}:
+        schema = schema["type"]
+    return schema if isinstance(schema, str) else None
+
+
+def _field_ok(field: dict[str, Any]) -> str:
+    kind, nullable = _field_type(field)  # type: ignore[misc]
+    v = _path(field["name"])
+    absent = "true" if "default" in field and _fits(field["default"], kind, nullable) else "false"
+    null = "true" if nullable else "false"
+    return (
+        f"CASE WHEN {v} IS NULL THEN {absent} WHEN is_variant_null({v}) THEN {null} "
+        f"ELSE {_TYPE_CHECKS[kind].format(v=v)} END"
+    )
+
+
+def _field_value(field: dict[str, Any]) -> str:
+    kind, _ = _field_type(field)  # type: ignore[misc]
+    v, sql = _path(field["name"]), _SQL_TYPES[kind]
+    default = _default(field.get("default"), kind) if "default" in field else "NULL"
+    if kind == "double":  # through Java's correctly rounded parser, as Python's float()
+        value = f"try_cast(try_variant_get({v}, '$', 'string') AS DOUBLE)"
+    else:
+        value = f"try_variant_get({v}, '$', '{sql}')"
+    return (
+        f"CASE WHEN {v} IS NULL THEN CAST({default} AS {sql}) "
+        f"WHEN is_variant_null({v}) THEN CAST(NULL AS {sql}) ELSE {value} END"
+    )
+
+
+# What Python's validation accepts, as the variant types that prove it (`{v}`: the field).
+# A DECIMAL zero is left out for doubles: "-0.0" parses to a decimal without its sign.
+_TYPE_CHECKS = {
+    "string": "schema_of_variant({v}) = 'STRING'",
+    "boolean": "schema_of_variant({v}) = 'BOOLEAN'",
+    "long": f"schema_of_variant({{v}}) IN {_INTEGERS}",
+    "int": (
+        f"schema_of_variant({{v}}) IN {_INTEGERS} AND "
+        f"try_variant_get({{v}}, '$', 'bigint') BETWEEN {_INT32[0]} AND {_INT32[1]}"
+    ),
+    "double": (
+        f"schema_of_variant({{v}}) IN {_INTEGERS} OR (schema_of_variant({{v}}) = 'DOUBLE' AND "
+        "abs(try_variant_get({v}, '$', 'double')) < double('Infinity')) OR "
+        "(schema_of_variant({v}) LIKE 'DECIMAL%' AND try_variant_get({v}, '$', 'double') != 0)"
+    ),
+}
+
+
+def _fits(default: Any, kind: str, nullable: bool) -> bool:
+    """Whether the reference would accept this default as the field's value."""
+    if default is None:
+        return nullable
+    if kind == "string":
+        return isinstance(default, str)
+    if kind == "boolean":
+        return isinstance(default, bool)
+    if isinstance(default, bool) or not isinstance(default, int | float):
+        return False
+    if kind == "double":
+        return math.isfinite(default)
+    return isinstance(default, int) and (kind == "long" or _INT32[0] <= default <= _INT32[1])
+
+
+def _default(default: Any, kind: str) -> str:
+    if default is None:
+        return "NULL"
+    if kind == "string":
+        return _literal(default)
+    if kind == "boolean":
+        return "true" if default else "false"
+    return f"'{float(default)!r}'" if kind == "double" else str(int(default))
+
+
+def _path(name: str) -> str:
+    return f"variant_get(_doc, '$.{name}')"
+
+
+def _event_time(topic: Topic) -> tuple[str, str]:
+    """(epoch millis, its check) of the record's event time; null for processing time."""
+    spec = topic.event_time
+    if spec is None:
+        return "CAST(NULL AS BIGINT)", "true"
+    v = f"variant_get(_doc, '$.{spec.field}')"
+    if spec.encoding == "iso8601":
+        text = f"try_variant_get({v}, '$', 'string')"
+        millis = f"unix_millis(try_cast({text} AS TIMESTAMP))"
+        check = f"schema_of_variant({v}) = 'STRING' AND {text} RLIKE '{_ISO}'"
+    else:
+        scale = 1000 if spec.encoding == "epoch_seconds" else 1
+        millis = f"try_multiply(try_variant_get({v}, '$', 'bigint'), {scale})"
+        low, high = -(-MIN_EVENT_MS // scale), MAX_EVENT_MS // scale
+        check = (
+            f"schema_of_variant({v}) IN {_INTEGERS} AND "
+            f"try_variant_get({v}, '$', 'bigint') BETWEEN {low} AND {high}"
+        )
+    return millis, f"{check} AND {millis} BETWEEN {MIN_EVENT_MS} AND {MAX_EVENT_MS}"
