@@ -33,6 +33,7 @@ from cairn_airflow import (
     topic_asset,
     topic_doc,
 )
+from cairn_priority import LAG_FIRST, remember_lag
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         dag_id=dag_id,
         dag_display_name=f"{topic} · archive",
         description=f"Archive Kafka topic {topic} into {cfg.archive_root}",
-        schedule=cfg.schedule,
+        schedule=cfg.archive_schedule,
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,
@@ -72,6 +73,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
                 planned = run.plan_run(cfg, storage(cfg), kafka_conf(), run_id)
             if planned is None:
                 log.info("topic %s: nothing new in Kafka; no Spark job, no token", topic)
+                remember_lag(topic, 0.0)
                 return False
             log.info("%s: reading %s", planned.claim.label, planned.plan.to_read)
             return planned.model_dump(mode="json")
@@ -101,6 +103,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
                 )
             log.info("run summary: %s", summary.model_dump_json(indent=2))
             report_run(cfg, summary.seq)
+            remember_lag(topic, summary.time_lag_seconds)
             return summary.model_dump(mode="json")
 
         @task(task_id="check_health", retries=0)
@@ -128,7 +131,14 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             return summary["more_waiting"]
 
         planned = plan()
-        archive = CairnSparkOperator(task_id="archive", job="archive", topic=topic, payload=planned)
+        archive = CairnSparkOperator(
+            task_id="archive",
+            job="archive",
+            topic=topic,
+            payload=planned,
+            execution_timeout=cfg.spark_timeout,
+            weight_rule=LAG_FIRST,  # the most lagging topic's job first (plugins/cairn_priority.py)
+        )
         report = verify(planned)
         summary = commit(planned, report)
         clean(planned) >> archive >> report

@@ -99,7 +99,13 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             return announce_dates(asset, done)
 
         chosen = select()
-        spark = CairnSparkOperator(task_id="rebuild", job="rebuild", topic=topic, payload=chosen)
+        spark = CairnSparkOperator(
+            task_id="rebuild",
+            job="rebuild",
+            topic=topic,
+            payload=chosen,
+            execution_timeout=cfg.spark_timeout,
+        )
         done = complete(chosen)
         spark >> report(chosen) >> done
         announce(done)

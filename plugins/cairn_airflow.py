@@ -1,4 +1,4 @@
-"""Cairn's Airflow edge: connections → core objects, and the Spark archive operator.
+"""Cairn's Airflow edge: connections → core objects, and the Spark job operator.
 
 The DAG files only wire tasks; what they need from Airflow (the Kafka, S3 and Spark connections)
 is turned into plain values here, and all rules stay in the `cairn` package.
@@ -7,6 +7,7 @@ is turned into plain values here, and all rules stay in the `cairn` package.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -15,10 +16,12 @@ import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import (
     Asset,
@@ -56,6 +59,10 @@ log = logging.getLogger(__name__)
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
 SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
+SPARK_POOL = os.environ.get("CAIRN_SPARK_POOL", "cairn_spark")
+"""The Airflow pool every Cairn Spark task (archive and rebuild) takes one slot of, so its slots
+cap how many Spark jobs run at once. Airflow does not create it: a task in a missing pool waits
+in `scheduled` for ever (the local stack and docker-compose.yml create it; README)."""
 SPARK_JARS_DIR = Path(os.environ.get("CAIRN_JARS_DIR", REPO / ".cairn" / "jars")) / "spark"
 SPARK_JOBS = REPO / "spark_jobs"
 TOPICS_VARIABLE = "cairn_kafka_topics"
@@ -157,8 +164,77 @@ def fail_fast() -> Iterator[None]:
         raise AirflowFailException(f"{type(err).__name__}: {err}") from err
 
 
+def spark_job(job: str) -> ModuleType:
+    """A Spark job's module (`spark_jobs/<job>.py`), loaded from the file spark-submit would
+    run (the jobs folder need not be importable here, nor on the Spark Connect server)."""
+    name = f"cairn_spark_job_{job}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SPARK_JOBS / f"{job}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in this process's environment for the block, the previous values after it."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def end_session(spark: Any) -> None:
+    """End a run's Spark Connect session: interrupt what still runs in it (a failed or timed-out
+    task), stop the Python worker daemon the server started for it, and release it.
+
+    Spark 4.0 keys a server's Python workers by session and never stops them (SPARK-54055): each
+    run would leave a daemon process (~50 MB) behind for as long as the server runs. A task of
+    the session asks its daemon (its parent, checked to be `pyspark.daemon`) to exit shortly
+    after the task has returned; the daemon then stops its idle workers. Best effort: nothing
+    here fails the run.
+    """
+
+    def stop_daemon(batches: Iterator[Any]) -> Iterator[Any]:
+        import os
+        import subprocess
+        import sys
+
+        parent = os.getppid()
+        try:
+            with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
+                is_daemon = b"pyspark.daemon" in cmdline.read()
+        except OSError:
+            is_daemon = False
+        if is_daemon:  # later, from outside the daemon's process group, once this task is done
+            later = f"import os, time; time.sleep(3); os.kill({parent}, 15)"
+            subprocess.Popen([sys.executable, "-c", later], start_new_session=True)
+        yield from batches
+
+    try:
+        spark.interruptAll()
+        spark.range(0, 1, 1, 1).mapInArrow(stop_daemon, "id long").collect()
+    except Exception as err:
+        log.warning("Spark Connect: the session's Python workers were not stopped: %s", err)
+    spark.stop()  # releases the session on the server: its settings, its files
+
+
 class CairnSparkOperator(SparkSubmitOperator):
-    """Submit one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
+    """Run one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
+
+    The connection's type chooses how. A `spark_connect` connection (the Apache Spark
+    provider's; host and port of a Spark Connect server) runs the job's `run` in this task on a
+    session of that long-lived server: no JVM starts per run. The session is the run's own (its
+    settings and functions are not shared) and is released when the task ends, however it
+    ends. A `spark` connection (a master URL) spark-submits the job's file instead, with the
+    same arguments and environment.
 
     `payload` (templated: the upstream task's XCom, a planned run or a rebuild selection) holds
     the attempt's claim; the job gets only the claim's key and reads the plan from storage, so
@@ -171,6 +247,8 @@ class CairnSparkOperator(SparkSubmitOperator):
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "payload")
+    _session: Any = None
+    """The run's Spark Connect session while its job runs (for `on_kill`)."""
 
     def __init__(self, *, job: str, topic: str, payload: Any, **kwargs: Any) -> None:
         super().__init__(
@@ -178,8 +256,11 @@ class CairnSparkOperator(SparkSubmitOperator):
             conn_id=SPARK_CONN_ID,
             name=f"cairn-{job}-{topic}",
             conf={"spark.ui.showConsoleProgress": "false"},
+            pool=SPARK_POOL,
+            pool_slots=1,
             **kwargs,
         )
+        self.job = job
         self.topic = topic
         self.payload = payload
 
@@ -198,10 +279,6 @@ class CairnSparkOperator(SparkSubmitOperator):
             fence.check_live(archive, claim)
             kafka = kafka_conf()
             kafka.spark_options()  # a setting Spark cannot use fails here, before submitting
-        jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
-        if not jars:
-            raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")
-        self.jars = ",".join(map(str, jars))
         self.application_args = ["--topic", self.topic, "--claim", claim.key]
         self.env_vars = {
             OPTIONS_VARIABLE: json.dumps(storage_options(cfg, for_spark=True)),
@@ -210,12 +287,43 @@ class CairnSparkOperator(SparkSubmitOperator):
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
+        if BaseHook.get_connection(self._conn_id).conn_type == SparkConnectHook.conn_type:
+            self.run_connected()
+            return
+        jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
+        if not jars:
+            raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")
+        self.jars = ",".join(map(str, jars))
         try:
             super().execute(context)
         except AirflowException as err:
             if re.search(rf"Error code is: {PERMANENT_EXIT}\b", str(err)):
                 raise AirflowFailException(f"{claim.label} stopped for good: {err}") from err
             raise
+
+    def run_connected(self) -> None:
+        """The job's `run` on a new session of the connection's Spark Connect server, with the
+        arguments and environment spark-submit would get (the secrets stay in this process and
+        reach the server inside the session's plan, never on a command line)."""
+        from pyspark.sql import SparkSession
+
+        job = spark_job(self.job)
+        url = SparkConnectHook(self._conn_id).get_connection_url()
+        log.info("%s job on the Spark Connect server %s", self.job, url.split("/;", 1)[0])
+        with environment(self.env_vars), fail_fast():
+            self._session = SparkSession.builder.remote(url).create()
+            try:
+                log.info("%s", job.run(self._session, self.application_args))
+            finally:
+                session, self._session = self._session, None
+                end_session(session)
+
+    def on_kill(self) -> None:
+        """Interrupt the session's work on Spark Connect, or kill spark-submit if it started."""
+        if self._session is not None:
+            self._session.interruptAll()
+        elif self._hook is not None:
+            super().on_kill()
 
 
 NOTIFIER_ENV = "CAIRN_NOTIFIER"

@@ -1,9 +1,11 @@
 """Spark job: read exactly the planned Kafka ranges and archive them in one pass.
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
-in offset order (committed records only), as Arrow batches; `cairn.writer.write_partition`
-streams them into backup, partitioned and quarantine files in the attempt's staging area; the
-driver gathers what was written into the attempt manifest.
+in offset order (committed records only); the JVM encodes each record's backup datum and, where
+`cairn.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those hand them
+to `cairn.writer.write_partition`, which assembles backup, partitioned and quarantine files in
+the attempt's staging area (the Python parser takes the values the JVM did not); the driver
+gathers what was written into the attempt manifest.
 
     CAIRN_KAFKA_CONFIG='{"config": {"bootstrap.servers": "host:9092"}}' \\
         spark-submit --jars <spark-sql-kafka jars> \\
@@ -14,7 +16,8 @@ command line. Secrets arrive as environment, never as arguments: the Kafka confi
 (librdkafka settings, mapped to the Java client's by `cairn.kafka_conf`) in CAIRN_KAFKA_CONFIG
 (or only bootstrap servers in CAIRN_BOOTSTRAP_SERVERS), storage credentials (fsspec options,
 JSON) in CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro topics) in
-CAIRN_SCHEMA_REGISTRIES.
+CAIRN_SCHEMA_REGISTRIES. The Airflow task runs the same `run` on a Spark Connect session
+instead when its Spark connection is a `spark_connect` one (no JVM starts per run).
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Iterator
+import secrets
+import string
+import sys
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame, SparkSession
 
-from cairn import fence, manifest
+from cairn import fastpath, fence, manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.errors import permanent_exit
 from cairn.formats import registries_from_env
@@ -36,7 +43,12 @@ from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn.plan import kafka_assign_json, kafka_json_offsets
 from cairn.run import Planned, load_planned
 from cairn.storage import Storage, options_from_env
-from cairn.writer import KafkaRecord, PartitionResult, write_partition
+from cairn.writer import EncodedRecord, PartitionResult, write_partition
+
+# This file's functions travel to the Python workers by value, so a Spark Connect server needs
+# only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,
+# the Airflow task's loader, the tests' `spark_jobs.archive`).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Arrow batches handed to Python are capped in bytes as well as records, so a run of 5 MB
 # values does not hold thousands of them at once: memory is bounded by the batch, not the run.
@@ -46,20 +58,19 @@ ARROW_CONF = {
 }
 
 
-def records(batches: Iterator[pa.RecordBatch]) -> Iterator[KafkaRecord]:
+def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
+    """The Kafka source's records with their datums encoded in the JVM (`cairn.fastpath`)."""
+    nonce = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
+    for projection in fastpath.select(cfg, nonce):
+        source = source.selectExpr(*projection)
+    return source
+
+
+def records(batches: Iterator[pa.RecordBatch]) -> Iterator[EncodedRecord]:
     for batch in batches:
-        millis = batch.column("timestamp").cast(pa.int64()).to_pylist()
-        for row, ts in zip(batch.to_pylist(), millis, strict=True):
-            yield KafkaRecord(
-                topic=row["topic"],
-                partition=row["partition"],
-                offset=row["offset"],
-                timestamp=ts // 1000,  # Spark's timestamps are microseconds
-                timestamp_type=row["timestampType"],
-                key=row["key"],
-                value=row["value"],
-                headers=[(h["key"], h["value"]) for h in row["headers"] or []],
-            )
+        columns = [batch.column(name).to_pylist() for name in fastpath.OUTPUT_COLUMNS]
+        for row in zip(*columns, strict=True):
+            yield EncodedRecord(*row)
 
 
 # The Java client's exceptions for a refused login or an untrusted broker certificate.
@@ -94,6 +105,10 @@ def archive(
         .load()
     )
 
+    gap = fastpath.gap(cfg)
+    if gap is not None and cfg.parses:
+        print(f"{planned.topic}: values are parsed in Python, not in Spark: {gap}")
+
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         out = Storage(staged_url, **options)
         result = write_partition(
@@ -102,7 +117,7 @@ def archive(
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 
     try:
-        rows = source.mapInArrow(write, "result string").collect()
+        rows = encoded(source, cfg).mapInArrow(write, "result string").collect()
     except Exception as err:
         causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
         if not causes:
@@ -129,12 +144,19 @@ def archive(
     return attempt
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topic", required=True)
     parser.add_argument("--claim", required=True, help="key of the claim holding the plan")
     parser.add_argument("--topics-file", default=str(TOPICS_FILE))
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def run(spark: SparkSession, argv: Sequence[str]) -> str:
+    """The job on a session, from its arguments and environment: what `main` does under
+    spark-submit, and what the Airflow task does on a Spark Connect session (the same arguments,
+    the secrets in the same variables). Returns a one-line summary."""
+    args = parse_args(argv)
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
     kafka = KafkaConf.from_env(os.environ)
@@ -143,12 +165,18 @@ def main() -> None:
             "no Kafka configuration: set CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
         )
     planned = load_planned(Storage(cfg.root.storage_url, **options), args.claim)
-    spark = SparkSession.builder.appName(f"cairn-archive-{planned.topic}").getOrCreate()
-    with permanent_exit():
-        attempt = archive(spark, planned, cfg, kafka, options)
-    spark.stop()
+    attempt = archive(spark, planned, cfg, kafka, options)
     read = sum(attempt.records_read.values())
-    print(f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}")
+    return f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}"
+
+
+def main() -> None:
+    args = parse_args()
+    spark = SparkSession.builder.appName(f"cairn-archive-{args.topic}").getOrCreate()
+    with permanent_exit():
+        summary = run(spark, sys.argv[1:])
+    spark.stop()
+    print(summary)
 
 
 if __name__ == "__main__":

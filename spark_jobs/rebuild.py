@@ -8,15 +8,20 @@ the driver then replaces the dates' files, or refuses and changes nothing
     spark-submit spark_jobs/rebuild.py --topic T --claim _claims/<topic>/rebuild/<seq>-<k>.json
 
 The selection arrives by reference (the claim object holds it), so a rebuild of many dates is
-not limited by the command line. Storage credentials (fsspec options, JSON) come from
-CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro topics) from
-CAIRN_SCHEMA_REGISTRIES.
+not limited by the command line. The Airflow task runs the same `run` on a Spark Connect session
+instead when its Spark connection is a `spark_connect` one. Storage credentials (fsspec
+options, JSON) come from CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro
+topics) from CAIRN_SCHEMA_REGISTRIES.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from cairn import fence, staging
@@ -34,6 +39,11 @@ from cairn.rebuild import (
 )
 from cairn.storage import Storage, options_from_env
 
+# This file's functions travel to the Python workers by value, so a Spark Connect server needs
+# only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,
+# the Airflow task's loader, the tests' `spark_jobs.rebuild`).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 
 def rebuild(
     spark: SparkSession, chosen: Selection, cfg: TopicConfig, options: dict
@@ -47,40 +57,57 @@ def rebuild(
     url = storage.url
     registries = registries_from_env()  # Schema Registry client configs, for avro topics
     staged_url = staging.staged(storage, chosen.snapshot.topic, chosen.claim.attempt_id).url
-
-    def one(source: str) -> str:
-        result = rebuild_source(
-            Source.model_validate_json(source),
-            cfg,
-            Storage(url, **options),
-            Storage(staged_url, **options),
-            registries=registries,
-        )
-        return result.model_dump_json()
-
     sources = [s.model_dump_json() for s in chosen.sources]
-    tasks = spark.sparkContext.parallelize(sources, max(1, len(sources)))
-    results = [RebuildResult.model_validate_json(r) for r in tasks.map(one).collect()]
+
+    def one(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                result = rebuild_source(
+                    Source.model_validate_json(sources[index]),
+                    cfg,
+                    Storage(url, **options),
+                    Storage(staged_url, **options),
+                    registries=registries,
+                )
+                yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
+
+    # One Spark task per backup file; DataFrames, not RDDs, so it also runs on Spark Connect.
+    tasks = spark.range(0, len(sources), 1, max(1, len(sources)))
+    rows = tasks.mapInArrow(one, "result string").collect()
+    results = [RebuildResult.model_validate_json(row.result) for row in rows]
     return finish_rebuild(storage, cfg, chosen, results)
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topic", required=True)
     parser.add_argument("--claim", required=True, help="key of the claim holding the selection")
     parser.add_argument("--topics-file", default=str(TOPICS_FILE))
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def run(spark: SparkSession, argv: Sequence[str]) -> str:
+    """The job on a session, from its arguments and environment: what `main` does under
+    spark-submit, and what the Airflow task does on a Spark Connect session. Returns a
+    one-line summary."""
+    args = parse_args(argv)
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
     chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
-    spark = SparkSession.builder.appName(f"cairn-rebuild-{cfg.topic}").getOrCreate()
-    with permanent_exit():
-        done = rebuild(spark, chosen, cfg, options)
-    spark.stop()
-    print(
+    done = rebuild(spark, chosen, cfg, options)
+    return (
         f"rebuilt {cfg.topic} {', '.join(map(str, done.dates))} from {len(done.sources)} backup "
         f"files: {len(done.files)} files written, {len(done.removed)} removed"
     )
+
+
+def main() -> None:
+    args = parse_args()
+    spark = SparkSession.builder.appName(f"cairn-rebuild-{args.topic}").getOrCreate()
+    with permanent_exit():
+        summary = run(spark, sys.argv[1:])
+    spark.stop()
+    print(summary)
 
 
 if __name__ == "__main__":

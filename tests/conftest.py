@@ -1,5 +1,6 @@
-"""Test harness: real Kafka (KRaft), SeaweedFS (S3) and Spark (local mode), started once per
-test run on free loopback ports with all state in a temporary folder, and stopped afterwards.
+"""Test harness: real Kafka (KRaft), SeaweedFS (S3) and Spark (local mode, and a Spark Connect
+server), started once per test run on free loopback ports with all state in a temporary
+folder, and stopped afterwards.
 
 Tests under tests/integration/ are marked `integration` automatically; `pytest -m "not
 integration"` runs only the fast unit tests.
@@ -32,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
-    ports = free_port_block(12, step=2)
+    *ports, connect = free_port_block(13, step=2)
     kafka, s3, master, volume, filer, airflow, health, spark, spark_ui, worker_ui, pg, sasl = ports
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
@@ -49,6 +50,8 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         spark_cluster_ui_port=spark_ui,
         spark_worker_ui_port=worker_ui,
         postgres_port=pg,
+        spark_connect_port=connect,
+        spark_master="local[2]",
     )
 
 
@@ -94,6 +97,28 @@ def spark(stack_settings: StackSettings):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(stack_settings: StackSettings) -> Iterator[str]:
+    """A running Spark Connect server (local mode, the Kafka connector, this venv's Python);
+    yields its URL. Airflow's Spark connection points here."""
+    service = services.spark_connect(stack_settings)
+    service.start(stack_settings.start_timeout)
+    yield stack_settings.spark_connect_url
+    service.stop()
+
+
+@pytest.fixture
+def connected(spark_connect: str):
+    """A session of its own on the Spark Connect server, released afterwards (as a run's is)."""
+    from pyspark.sql import SparkSession
+
+    from cairn_airflow import end_session
+
+    session = SparkSession.builder.remote(spark_connect).create()
+    yield session
+    end_session(session)
 
 
 @pytest.fixture(scope="session")
@@ -166,15 +191,15 @@ def free_udp_port() -> int:
 
 @pytest.fixture(scope="session")
 def airflow(
-    stack_settings: StackSettings, kafka: str, s3: dict, spark_cluster: str, tmp_path_factory
+    stack_settings: StackSettings, kafka: str, s3: dict, spark_connect: str, tmp_path_factory
 ) -> Iterator[AirflowAPI]:
-    """Airflow 3 (PostgreSQL, api-server, scheduler, dag-processor) whose Spark connection points
-    at the standalone cluster, archiving the E2E topics (e2e_topics) to S3."""
+    """Airflow 3 (PostgreSQL, api-server, scheduler, dag-processor) whose Spark connection is
+    the stack's: a `spark_connect` one to the Spark Connect server, archiving the E2E topics
+    (e2e_topics) to S3."""
     topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
     topics.write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
     settings = stack_settings.model_copy(
         update={
-            "spark_master": spark_cluster,
             "topics_file": topics,
             "airflow_dags_paused": True,
             "extra_dag_folders": [ROOT / "dags"],  # the example downstream DAG

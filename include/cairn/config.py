@@ -36,6 +36,7 @@ from cairn.avro import load_schema
 from cairn.formats import FORMATS, format_class
 from cairn.formats.base import EventTime, FieldError
 from cairn.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic, date_folder
+from cairn.schedule import spread
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
@@ -148,6 +149,9 @@ class TopicConfig(BaseModel):
     generation: int = Field(default=1, ge=1)
     max_records_per_partition: int = Field(default=500_000, gt=0)
     schedule: str = "*/10 * * * *"
+    spread_schedule: bool = True
+    """Shift `schedule` by a minute fixed by the topic's name (`cairn.schedule.spread`), so a
+    fleet of topics on the same schedule does not fire in the same second."""
     archive_root: str = DEFAULT_ARCHIVE_ROOT
     codec: Literal["deflate", "snappy", "zstandard", "null"] = "deflate"
     new_partition_start: Literal["earliest", "latest"] = "earliest"
@@ -162,6 +166,10 @@ class TopicConfig(BaseModel):
     """Alert when more than this share of the recent runs' records went to quarantine."""
     max_run_duration: timedelta = timedelta(hours=1)
     """Report a run still unfinished this long after it was queued (an Airflow Deadline Alert)."""
+    spark_timeout: timedelta = timedelta(minutes=30)
+    """Kill one attempt of the topic's Spark job (archive or rebuild) that runs longer than this
+    (Airflow's `execution_timeout`); the retry starts afresh. Time queued for the pool does not
+    count. Safe at any moment: an attempt writes only its own staging until its token commits."""
     lateness: timedelta | None = timedelta(hours=1)
     """How long after a date ends (in Kafka time) its records may still arrive before the date
     is complete (`cairn.completeness`); later records amend it. None: no completeness."""
@@ -225,7 +233,7 @@ class TopicConfig(BaseModel):
             cause = (first.get("ctx") or {}).get("error")
             raise FieldError(where, str(cause) if cause else first["msg"]) from None
 
-    @field_validator("max_time_lag", "max_run_duration", mode="before")
+    @field_validator("max_time_lag", "max_run_duration", "spark_timeout", mode="before")
     @classmethod
     def _max_time_lag(cls, value: Any) -> Any:
         if isinstance(value, str) and not value.startswith("P"):  # ISO 8601 as pydantic reads it
@@ -284,6 +292,13 @@ class TopicConfig(BaseModel):
             raise FieldError("topic", "give exactly one of 'topic' or 'pattern'")
         return self
 
+    @field_validator("spark_timeout")
+    @classmethod
+    def _spark_timeout(cls, value: timedelta) -> timedelta:
+        if value < timedelta(minutes=1):
+            raise ValueError("must be at least 1m: Spark alone takes seconds to start")
+        return value
+
     @model_validator(mode="after")
     def _completeness(self) -> TopicConfig:
         if self.lateness is not None and self.lateness < timedelta(0):
@@ -300,6 +315,14 @@ class TopicConfig(BaseModel):
     def tracks_completeness(self) -> bool:
         """Whether Cairn marks this topic's complete dates (formats that parse, with lateness)."""
         return self.lateness is not None and FORMATS[self.format].parses
+
+    @property
+    def archive_schedule(self) -> str:
+        """The archive DAG's schedule: `schedule`, spread by topic unless `spread_schedule` is
+        off (`cairn.schedule.spread`)."""
+        if self.spread_schedule and self.topic is not None:
+            return spread(self.schedule, self.topic)
+        return self.schedule
 
     @property
     def label(self) -> str:

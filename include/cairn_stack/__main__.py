@@ -42,6 +42,7 @@ def up(settings: StackSettings) -> None:
         f"{settings.kafka_sasl_port}, SCRAM-SHA-512 user {settings.kafka_sasl_user}, "
         f"CA {settings.kafka_ca_file})\n"
         f"S3         {settings.s3_endpoint}  bucket {settings.bucket}\n"
+        f"Spark      {settings.spark_connect_url}  (Spark Connect on {settings.spark_master})\n"
         f"Airflow UI {settings.airflow_url}  login {settings.airflow_user} / "
         f"{settings.airflow_password}"
     )

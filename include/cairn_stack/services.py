@@ -297,7 +297,15 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
             "cairn": {"server_side_encryption": "AES256"},
         },
     }
-    spark_conn = {"conn_type": "spark", "host": settings.spark_master}
+    # The Apache Spark provider's `spark_connect` type: runs use the stack's Spark Connect
+    # server. A `spark` connection (host: a master URL) spark-submits each run instead.
+    spark_conn: dict = {
+        "conn_type": "spark_connect",
+        "host": f"sc://{settings.host}",
+        "port": settings.spark_connect_port,
+    }
+    if settings.spark_conn_type == "spark":
+        spark_conn = {"conn_type": "spark", "host": settings.spark_master}
     conn = {
         settings.kafka_conn_id: kafka_conn,
         settings.s3_conn_id: s3_conn,
@@ -311,6 +319,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(settings.airflow_dags_paused),
         "CAIRN_TOPICS_FILE": str(settings.topics_file),
+        "CAIRN_SPARK_POOL": settings.spark_pool,
         "CAIRN_JARS_DIR": str(settings.jars_dir),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{settings.airflow_url}/execution/",
@@ -416,9 +425,12 @@ def _postgres_ready(settings: StackSettings) -> bool:
         return False
 
 
+POOL_DOC = "Cairn's Spark jobs (archive and rebuild): one slot each"
+
+
 def airflow(settings: StackSettings) -> list[Service]:
-    """PostgreSQL, then api-server, scheduler and dag-processor; the api-server's first start
-    migrates the metadata database."""
+    """PostgreSQL, then api-server, scheduler and dag-processor; the api-server's start migrates
+    the metadata database and sets the Spark pool's slots."""
     env = airflow_env(settings)
     exe = str(Path(sys.executable).parent / "airflow")
 
@@ -432,6 +444,17 @@ def airflow(settings: StackSettings) -> list[Service]:
         )
         if done.returncode != 0:
             raise StackError(f"airflow: `airflow db migrate` failed:\n{done.stderr[-3000:]}")
+        spark_pool()
+
+    def spark_pool() -> None:
+        """Create or resize the pool Cairn's Spark tasks run in: Airflow would leave a task
+        naming a missing pool `scheduled` for ever, with only a line in the scheduler's log."""
+        argv = [exe, "pools", "set", settings.spark_pool, str(settings.spark_pool_slots), POOL_DOC]
+        done = subprocess.run(
+            argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            raise StackError(f"airflow: `airflow pools set` failed:\n{done.stderr[-3000:]}")
 
     def service(name: str, argv: list[str], ports: list[int], component: str) -> Service:
         return Service(
@@ -464,6 +487,53 @@ def _airflow_health(settings: StackSettings, component: str) -> bool:
     except (OSError, ValueError):
         return False
     return health.get(component, {}).get("status") == "healthy"
+
+
+SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def spark_connect(settings: StackSettings) -> Service:
+    """A Spark Connect server on `host`: one long-lived Spark driver (`spark_master`, local by
+    default) that archive and rebuild runs use through Airflow's `spark_connect` connection, so
+    a run starts no JVM. Its Python workers run this venv's Python with `include/` importable
+    (the jobs' `cairn` code runs there) and it has the Kafka connector on its classpath. Nothing
+    secret is on its command line or in its environment: each run's session brings its own."""
+    host, port = settings.host, settings.spark_connect_port
+    connector = str(settings.jars_dir / "spark" / "*.jar")  # spark-submit expands the glob
+    conf = {
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": host,
+        "spark.driver.bindAddress": host,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    python = sys.executable
+    return Service(
+        "spark-connect",
+        [
+            str(Path(python).parent / "spark-submit"),
+            *["--class", SPARK_CONNECT_SERVER, "--name", "cairn-spark-connect"],
+            *["--master", settings.spark_master, "--jars", connector],
+            *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")],
+        ],
+        settings.state_dir,
+        [port],
+        lambda: port_open(port, host),
+        env={
+            "SPARK_LOCAL_IP": host,
+            "PYSPARK_PYTHON": python,
+            "PYTHONPATH": str(REPO / "include"),
+            "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+        prepare=lambda: _spark_ready_to_start(settings),
+    )
+
+
+def _spark_ready_to_start(settings: StackSettings) -> None:
+    if java() is None:
+        raise StackError("spark-connect: no Java found (install Java 17+, or set JAVA_HOME)")
+    jars(settings, "spark")
 
 
 def spark_cluster(settings: StackSettings) -> list[Service]:
@@ -527,4 +597,4 @@ def _spark_workers_alive(settings: StackSettings) -> int:
 
 def all_services(settings: StackSettings) -> list[Service]:
     """In start order; `down` stops them in reverse."""
-    return [kafka(settings), seaweedfs(settings), *airflow(settings)]
+    return [kafka(settings), seaweedfs(settings), spark_connect(settings), *airflow(settings)]

@@ -7,6 +7,7 @@ them in step.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -47,6 +48,11 @@ class StackSettings(BaseSettings):
     kafka_conn_id: str = "cairn_kafka"
     s3_conn_id: str = "cairn_s3"
     spark_conn_id: str = "cairn_spark"
+    spark_pool: str = "cairn_spark"
+    """The Airflow pool Cairn's Spark tasks run in (Airflow gets it as `CAIRN_SPARK_POOL`)."""
+    spark_pool_slots: int = 2
+    """How many Spark jobs (archive and rebuild) run at once: the pool's slots, set at every
+    start. 2 suits a 2-core machine; each job is a Spark driver and its executors."""
     airflow_dags_paused: bool = False
     """New DAGs start paused. The test stack sets it, so that no scheduled run starts before a
     test has created its topic (a run on a missing topic fails and retries for minutes)."""
@@ -55,12 +61,18 @@ class StackSettings(BaseSettings):
     postgres_user: str = "airflow"
     postgres_password: str = "airflow"
 
+    spark_connect_port: int = 15002
+    """The long-lived Spark Connect server (`services.spark_connect`) that Airflow's Spark
+    connection points at: archive and rebuild runs start no JVM of their own."""
     spark_cluster_port: int = 7077
     spark_cluster_ui_port: int = 8081
     spark_worker_ui_port: int = 8082
     """A Spark standalone master and worker (`services.spark_cluster`), for scale-out tests."""
     spark_master: str = "local[*]"
-    """Where Airflow's Spark connection submits jobs; point it at a cluster to scale out."""
+    """Where the Spark Connect server runs its jobs; point it at a cluster to scale out."""
+    spark_conn_type: Literal["spark_connect", "spark"] = "spark_connect"
+    """The type of Airflow's Spark connection: `spark_connect` runs jobs on the Spark Connect
+    server; `spark` spark-submits each run to `spark_master` (a JVM per run, as before)."""
     topics_file: Path = REPO / "include" / "topics.yaml"
     extra_dag_folders: list[Path] = []
     """More DAG folders (each its own Airflow DAG bundle) beside dags/: the tests' examples."""
@@ -92,6 +104,10 @@ class StackSettings(BaseSettings):
             "sasl.password": self.kafka_sasl_password,
             "ssl.ca.location": str(self.kafka_ca_file),
         }
+
+    @property
+    def spark_connect_url(self) -> str:
+        return f"sc://{self.host}:{self.spark_connect_port}"
 
     @property
     def s3_endpoint(self) -> str:

@@ -1,11 +1,13 @@
-"""Through the real Airflow 3 scheduler, with the Spark connection pointing at a standalone
-cluster and the archive on S3: a triggered run archives the topic, and a run stopped by the
+"""Through the real Airflow 3 scheduler, with the Spark connection pointing at the Spark Connect
+server and the archive on S3: a triggered run archives the topic, and a run stopped by the
 per-run cap triggers the next one at once until the backlog is drained."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
+from urllib.parse import quote
 
 from cairn import fence, tokens
 from cairn.storage import Storage
@@ -19,7 +21,7 @@ from tests.integration.test_rebuild import folders_of, sent_late
 DAG_ID = "archive__e2e__dot__orders"
 
 
-def test_triggered_run_drains_the_backlog_on_the_cluster_into_s3(
+def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
     airflow, kafka, s3, stack_settings
 ) -> None:
     create_topic(kafka, E2E_TOPIC, partitions=2)
@@ -56,6 +58,22 @@ def test_triggered_run_drains_the_backlog_on_the_cluster_into_s3(
     # task logs reach the UI from the shared log folder (the scheduler serves none itself)
     run_id = next(r["dag_run_id"] for r in runs if by_run.get(r["dag_run_id"]) == committed[0])
     assert "run summary" in airflow.task_log(DAG_ID, run_id, "commit")
+    # The stack's Spark connection is a Spark Connect one: the job ran in the task, on the
+    # long-lived server, and nothing was spark-submitted.
+    spark_log = airflow.task_log(DAG_ID, run_id, "archive")
+    assert f"archive job on the Spark Connect server sc://{stack_settings.host}:" in spark_log
+    assert re.search(r"wrote \d+ files for 120 records", spark_log), spark_log
+    assert "spark-submit" not in spark_log.lower()
+    # The Spark tasks ran in the pool the stack made; the run the first one triggered was
+    # weighted by the lag the first one recorded (plugins/cairn_priority.py).
+    pool = airflow.call("GET", f"/api/v2/pools/{stack_settings.spark_pool}")
+    assert pool["slots"] == stack_settings.spark_pool_slots
+    second = next(r["dag_run_id"] for r in runs if by_run.get(r["dag_run_id"]) == committed[1])
+    archive = airflow.call(
+        "GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(second)}/taskInstances/archive"
+    )
+    assert archive["pool"] == stack_settings.spark_pool
+    assert archive["priority_weight"] == 1 + int(first["time_lag_seconds"] // 60)
 
 
 def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(

@@ -111,3 +111,56 @@ def test_pattern_entries_use_the_cached_topic_list(tmp_path: Path) -> None:
     assert parsed["errors"] == {}
     archives = sorted(d for d in parsed["dags"] if d.startswith("archive__"))
     assert archives == ["archive__orders__dot__eu", "archive__orders__dot__us"]
+
+
+WEIGH = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.variable import Variable
+from airflow.serialization.serialized_objects import DagSerialization
+from airflow.utils.session import create_session
+
+bag = DagBag(dag_folder=%r)
+dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[%r]))  # as the scheduler has it
+with create_session() as session:
+    session.add(Variable(key=%r, val="7200.5"))  # two hours of lag, as a run records it
+weights = {}
+for task_id in ("archive", "verify"):
+    ti = TaskInstance(task=dag.get_task(task_id), run_id="r", dag_version_id=None)
+    weights[task_id] = ti.priority_weight
+print("RESULT" + json.dumps({"weights": weights, "pool": dag.get_task("archive").pool}))
+"""
+
+
+def test_airflow_weighs_the_archive_task_by_the_lag_its_topic_recorded(tmp_path: Path) -> None:
+    """Airflow's own task-instance creation, on a real (SQLite) metadata database, calls the
+    plugin-registered rule of the serialized DAG, which reads the recorded lag from there."""
+    topics = tmp_path / "topics.yaml"
+    topics.write_text("topics:\n  - topic: fleet.orders\n    format: raw\n")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "PYTHONPATH": str(REPO / "plugins"),
+        "CAIRN_TOPICS_FILE": str(topics),
+    }
+    airflow = Path(sys.executable).parent / "airflow"
+    subprocess.run(
+        [airflow, "db", "migrate"], env=env, capture_output=True, timeout=300, check=True
+    )
+    code = WEIGH % (
+        str(REPO / "dags"),
+        "archive__fleet__dot__orders",
+        "cairn_time_lag.fleet.orders",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line, done.stderr[-3000:]
+    result = json.loads(line.removeprefix("RESULT"))
+    assert result["weights"]["archive"] == 1 + 120  # its own weight plus minutes of lag
+    assert result["weights"]["verify"] < 10  # other tasks keep Airflow's usual rule
+    assert result["pool"] == "cairn_spark"

@@ -3,15 +3,20 @@ the plain values the core takes."""
 
 from __future__ import annotations
 
+import json
+import os
+from types import SimpleNamespace
+
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.config import TopicConfig
 from cairn.fence import Fenced
 from cairn.manifest import VerificationFailed
-from cairn.plan import RetentionGap, TopicRecreated
+from cairn.plan import Plan, RetentionGap, TopicRecreated
 from cairn.tokens import RewindRefused
 from cairn_airflow import fail_fast, schema_registries
+from tests.unit.conftest import claim_next
 
 
 @pytest.mark.parametrize(
@@ -44,3 +49,150 @@ def test_schema_registry_connections_become_client_configs(monkeypatch):
         }
     }
     assert schema_registries(TopicConfig(topic="r", format="raw")) == {}
+
+
+# --- CairnSparkOperator: the Spark connection's type chooses Spark Connect or spark-submit ----
+
+
+class FakeSession:
+    def __init__(self, url: str, sessions: list) -> None:
+        self.url, self.stopped = url, False
+        sessions.append(self)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def interruptAll(self) -> list:
+        return []
+
+
+class FakeBuilder:
+    def __init__(self, sessions: list) -> None:
+        self.sessions = sessions
+
+    def remote(self, url: str) -> FakeBuilder:
+        self.url = url
+        return self
+
+    def create(self) -> FakeSession:
+        return FakeSession(self.url, self.sessions)
+
+
+@pytest.fixture
+def spark_op(monkeypatch, storage, tmp_path):
+    """A CairnSparkOperator for topic `orders` (archive root: `storage`) with a live claim, a
+    Kafka connection, a fake Spark Connect session builder and a recording spark-submit."""
+    import pyspark.sql
+
+    import cairn_airflow
+
+    cfg = TopicConfig.model_validate(
+        {"topic": "orders", "format": "raw", "archive_root": storage.url}
+    )
+    monkeypatch.setattr(cairn_airflow, "find_topic", lambda topic: cfg)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CAIRN_KAFKA",
+        '{"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:9092",'
+        ' "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",'
+        ' "sasl.username": "u", "sasl.password": "kafka-secret"}}',
+    )
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "connector.jar").write_bytes(b"")
+    monkeypatch.setattr(cairn_airflow, "SPARK_JARS_DIR", jars)
+    calls: dict = {"sessions": [], "runs": [], "submitted": []}
+    monkeypatch.setattr(pyspark.sql.SparkSession, "builder", FakeBuilder(calls["sessions"]))
+
+    def run(spark, argv):
+        calls["runs"].append((spark, list(argv), dict(os.environ)))
+        if calls.get("raise"):
+            raise calls["raise"]
+        return "wrote 1 files for 1 records"
+
+    monkeypatch.setattr(cairn_airflow, "spark_job", lambda job: SimpleNamespace(run=run))
+
+    def submit(self, context):
+        calls["submitted"].append((self.application, self.application_args, self.env_vars))
+
+    monkeypatch.setattr(cairn_airflow.SparkSubmitOperator, "execute", submit)
+    claim = claim_next(storage)
+    plan = Plan(topic="orders", ranges={0: (0, 1)}, capped=False)
+    payload = {"claim": claim.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
+
+    def make(conn: dict, payload: dict = payload):
+        monkeypatch.setenv("AIRFLOW_CONN_CAIRN_SPARK", json.dumps(conn))
+        op = cairn_airflow.CairnSparkOperator(
+            task_id="archive", job="archive", topic="orders", payload=payload
+        )
+        return op, calls, claim
+
+    return make
+
+
+CONNECT = {"conn_type": "spark_connect", "host": "sc://spark.example", "port": 15002}
+
+
+def test_a_spark_connect_connection_runs_the_job_in_the_task_on_a_session_of_its_own(spark_op):
+    op, calls, claim = spark_op(CONNECT)
+
+    op.execute({})
+
+    assert not calls["submitted"]
+    [session] = calls["sessions"]
+    assert session.url.startswith("sc://spark.example:15002") and session.stopped
+    [(spark, argv, env)] = calls["runs"]
+    assert spark is session
+    assert argv == ["--topic", "orders", "--claim", claim.key]  # as spark-submit would pass
+    assert "kafka-secret" in env["CAIRN_KAFKA_CONFIG"]  # secrets as environment, not argv
+    assert "CAIRN_KAFKA_CONFIG" not in os.environ  # only while the job ran
+
+
+def test_a_spark_connection_still_spark_submits_the_jobs_file(spark_op):
+    op, calls, claim = spark_op({"conn_type": "spark", "host": "spark://master", "port": 7077})
+
+    op.execute({})
+
+    assert not calls["sessions"] and not calls["runs"]
+    [(application, argv, env)] = calls["submitted"]
+    assert application.endswith("spark_jobs/archive.py")
+    assert argv == ["--topic", "orders", "--claim", claim.key]
+    assert "kafka-secret" in env["CAIRN_KAFKA_CONFIG"] and "kafka-secret" not in " ".join(argv)
+
+
+def test_on_connect_a_permanent_error_fails_without_retries_and_releases_the_session(spark_op):
+    op, calls, _ = spark_op(CONNECT)
+    calls["raise"] = Fenced("topic 'orders': a newer attempt claimed token 1")
+
+    with pytest.raises(AirflowFailException, match="newer attempt"):
+        op.execute({})
+    assert calls["sessions"][0].stopped
+
+
+def test_on_connect_other_errors_stay_retryable_and_release_the_session(spark_op):
+    op, calls, _ = spark_op(CONNECT)
+    calls["raise"] = ConnectionError("Spark Connect server not reachable")
+
+    with pytest.raises(ConnectionError):
+        op.execute({})
+    assert calls["sessions"][0].stopped
+
+
+def test_on_connect_a_fenced_out_claim_or_an_empty_plan_starts_no_session(spark_op, storage):
+    op, calls, claim = spark_op(CONNECT)
+    claim_next(storage)  # a newer attempt claimed the next link: this one is fenced out
+    with pytest.raises(AirflowFailException):
+        op.execute({})
+    empty = Plan(topic="orders", ranges={0: (1, 1)}, capped=False).model_dump(mode="json")
+    op, _, _ = spark_op(CONNECT, {"claim": claim.model_dump(mode="json"), "plan": empty})
+    op.execute({})
+    assert not calls["sessions"] and not calls["runs"] and not calls["submitted"]
+
+
+def test_killing_the_task_interrupts_the_sessions_work_and_touches_no_spark_submit(spark_op):
+    op, _, _ = spark_op(CONNECT)
+    op.on_kill()  # before any Spark work: nothing to stop, and no spark-submit hook is made
+    assert op._hook is None
+    interrupted = []
+    op._session = SimpleNamespace(interruptAll=lambda: interrupted.append(True))
+    op.on_kill()
+    assert interrupted == [True]

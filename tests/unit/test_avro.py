@@ -173,4 +173,3 @@ def test_encoded_datums_and_dicts_make_the_same_file_as_fastavro(codec):
     writer.close()
     assert mixed.getvalue() == expected.getvalue()
     assert writer.stats.records == 600 and writer.stats.max_offset == 599
-

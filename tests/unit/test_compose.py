@@ -43,6 +43,7 @@ REQUIRED_SERVICES = {
     "postgres",
     "spark-master",
     "spark-worker",
+    "spark-connect",
     *AIRFLOW_SERVICES,
 }
 # service -> [(settings field of its host port, port inside the container)]
@@ -290,9 +291,24 @@ def test_airflow_connections_match_settings_ids(services):
         assert s3["extra"]["endpoint_url"] == "http://seaweedfs:8333"
 
         spark = conns[DEFAULTS["spark_conn_id"].upper()]
-        assert spark["conn_type"] == "spark"
-        assert (spark["host"], spark["port"]) == ("spark://spark-master", 7077)
-        assert "--port 7077" in command(services["spark-master"])
+        assert spark["conn_type"] == "spark_connect"  # as the local stack's connection
+        port = DEFAULTS["spark_connect_port"]
+        assert (spark["host"], spark["port"]) == ("sc://spark-connect", port)
+        assert services[name]["depends_on"].get("spark-connect") or name == "airflow-init"
+
+
+def test_spark_connect_server_runs_cairn_on_the_cluster_with_the_kafka_connector(services):
+    server = services["spark-connect"]
+    argv = command(server)
+    assert "--class org.apache.spark.sql.connect.service.SparkConnectServer" in argv
+    assert f"spark.connect.grpc.binding.port={DEFAULTS['spark_connect_port']}" in argv
+    assert "--master spark://spark-master:7077" in argv
+    assert "--port 7077" in command(services["spark-master"])
+    assert "--jars /opt/airflow/.cairn/jars/spark/*.jar" in argv  # where the Dockerfile puts them
+    assert env(server)["PYTHONPATH"] == "/opt/airflow/include"  # Python workers import cairn
+    assert f"spark.driver.host={server['hostname']}" in argv  # executors reach the driver
+    assert "ports" not in server  # no authentication: reachable from containers only
+    assert "./include:/opt/airflow/include" in server["volumes"]
 
 
 def test_airflow_login_comes_from_settings(services):
@@ -325,3 +341,16 @@ def test_postgres_is_the_local_stacks_major_version_and_login(services):
     assert login == (DEFAULTS["postgres_user"], DEFAULTS["postgres_password"], "airflow")
     url = env(services["airflow-scheduler"])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     assert url == "postgresql+psycopg2://{}:{}@postgres/{}".format(*login)
+
+
+def test_airflow_init_creates_the_spark_pool_the_tasks_run_in(services):
+    """Airflow leaves a task in a missing pool waiting for ever: compose creates it, with the
+    settings' name and slots, as the local stack does at every start."""
+    init = command(services["airflow-init"])
+    migrate, pool = init.index("airflow db migrate"), init.index("airflow pools set")
+    assert migrate < pool and "&&" in init[migrate:pool]  # only once the database is there
+    slots = ref("CAIRN_SPARK_POOL_SLOTS")
+    assert f'airflow pools set "$${{CAIRN_SPARK_POOL}}" "{slots}"' in init
+    for name in AIRFLOW_SERVICES:  # the tasks' CairnSparkOperator reads the same name
+        assert env(services[name])["CAIRN_SPARK_POOL"] == ref("CAIRN_SPARK_POOL"), name
+    assert DEFAULTS["spark_pool"] == "cairn_spark" and DEFAULTS["spark_pool_slots"] == 2

@@ -1,5 +1,6 @@
 import json
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from cairn.config import (
     parse_archive_root,
     resolve,
 )
+from cairn.schedule import spread
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = {"type": "record", "name": "E", "fields": [{"name": "ts", "type": "long"}]}
@@ -309,3 +311,58 @@ def test_resolved_pattern_topics_keep_their_schema(tmp_path):
     )
     (resolved,) = resolve(load_topics(path).topics, ["events.a", "other"])
     assert resolved.topic == "events.a" and resolved.user_schema == SCHEMA
+
+
+def test_archive_schedule_is_spread_by_topic_unless_turned_off(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        topics:
+          - topic: spread.me
+            format: raw
+          - topic: keep.me
+            format: raw
+            spread_schedule: false
+          - topic: hourly
+            format: raw
+            schedule: "@hourly"
+        """,
+    )
+    loaded = {t.topic: t for t in load_topics(path).topics}
+    spread_me, keep_me, hourly = loaded["spread.me"], loaded["keep.me"], loaded["hourly"]
+    assert spread_me.spread_schedule is True  # on by default
+    assert spread_me.schedule == "*/10 * * * *"  # as written; only the DAG's schedule moves
+    assert spread_me.archive_schedule == spread("*/10 * * * *", "spread.me") != spread_me.schedule
+    assert keep_me.archive_schedule == "*/10 * * * *"
+    assert hourly.archive_schedule == spread("@hourly", "hourly")
+    pattern = TopicConfig(pattern="orders\\..+", format="raw")
+    assert pattern.archive_schedule == pattern.schedule  # a pattern is not a topic yet
+
+
+def test_spark_timeout_defaults_to_30_minutes_and_reads_durations(tmp_path):
+    assert TopicConfig(topic="t", format="raw").spark_timeout == timedelta(minutes=30)
+    assert TopicConfig(topic="t", format="raw", spark_timeout="2h").spark_timeout == timedelta(
+        hours=2
+    )
+    assert TopicConfig(topic="t", format="raw", spark_timeout=900).spark_timeout == timedelta(
+        minutes=15
+    )
+    path = write(
+        tmp_path,
+        """
+        topics:
+          - topic: too.short
+            format: raw
+            spark_timeout: 30s
+          - topic: not.a.duration
+            format: raw
+            spark_timeout: soon
+        """,
+    )
+    result = load_topics(path)
+    assert result.topics == []
+    found = errors_by_entry(result)
+    ((field, message),) = found["topic 'too.short'"]
+    assert field == "spark_timeout" and "at least 1m" in message
+    ((field, message),) = found["topic 'not.a.duration'"]
+    assert field == "spark_timeout" and "not a duration" in message

@@ -7,6 +7,7 @@ and leaves nothing running when it fails; stop kills the whole group and only a 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -313,6 +314,32 @@ def test_kafka_without_java_names_kafka_and_java_and_starts_nothing(tmp_path, mo
     assert not service.pidfile.exists() and service.pid() is None
     assert not service.log.exists()
     assert port_free(kafka_port) and port_free(controller)
+
+
+def test_spark_connect_server_binds_loopback_runs_cairns_python_and_has_no_secret(tmp_path):
+    settings = StackSettings(state_dir=tmp_path / "state", spark_connect_port=15999)
+    service = services.spark_connect(settings)
+
+    argv = " ".join(service.argv)
+    assert "--class org.apache.spark.sql.connect.service.SparkConnectServer" in argv
+    assert f"spark.connect.grpc.binding.address={settings.host}" in argv
+    assert "spark.connect.grpc.binding.port=15999" in argv and service.ports == [15999]
+    assert f"--jars {settings.jars_dir / 'spark'}/*.jar" in argv  # the Kafka connector
+    assert service.env["PYSPARK_PYTHON"] == sys.executable
+    assert str(Path(services.REPO) / "include") in service.env["PYTHONPATH"].split(os.pathsep)
+    secrets = (settings.kafka_sasl_password, settings.s3_secret_key)
+    assert not [s for s in secrets if s in argv or s in str(service.env)]
+    assert "spark-connect" in [s.name for s in services.all_services(settings)]
+
+
+def test_the_stacks_spark_connection_is_spark_connect_unless_asked_to_spark_submit(tmp_path):
+    settings = StackSettings(state_dir=tmp_path / "state", spark_connect_port=15999)
+    connection = json.loads(services.airflow_env(settings)["AIRFLOW_CONN_CAIRN_SPARK"])
+    assert connection == {"conn_type": "spark_connect", "host": "sc://127.0.0.1", "port": 15999}
+
+    submit = settings.model_copy(update={"spark_conn_type": "spark", "spark_master": "local[2]"})
+    connection = json.loads(services.airflow_env(submit)["AIRFLOW_CONN_CAIRN_SPARK"])
+    assert connection == {"conn_type": "spark", "host": "local[2]"}
 
 
 @pytest.fixture

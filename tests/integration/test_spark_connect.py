@@ -1,0 +1,129 @@
+"""The jobs on the long-lived Spark Connect server, as the Airflow task runs them when its Spark
+connection is a `spark_connect` one: the same `archive` and `rebuild` as under spark-submit, in
+a session of their own, with the Python functions run by the server's workers (which import
+`cairn`), the Arrow batch limits set per session, and no secret on the server's command line
+or in its environment."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from cairn import tokens
+from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
+from cairn_airflow import end_session
+from cairn_stack import services
+from cairn_stack.demo import create_topic, produce
+from spark_jobs.archive import ARROW_CONF
+from tests.integration.conftest import Archiver, read_archive
+from tests.integration.test_archive import all_offsets, assert_exactly_once
+from tests.integration.test_rebuild import DAY, NOON, folders_of, sent_late
+from tests.integration.test_secured_kafka import LABEL, WRONG_PASSWORD, changed, create_and_fill
+
+ARROW_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+def test_archive_and_rebuild_run_in_a_session_of_their_own(
+    kafka, s3, connected, spark_connect, make_cfg, topic_name, stack_settings
+) -> None:
+    create_topic(kafka, topic_name, partitions=2)
+    times = {f"e{i}": NOON + timedelta(minutes=37 * i) for i in range(20)}  # 12:00 to 23:43
+    for p in range(2):
+        values = [sent_late(i, times[f"e{i}"]) for i in range(p, 20, 2)]
+        produce(kafka, topic_name, values, partition=p)
+    root = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/connect-{topic_name}"
+    buggy = make_cfg(topic_name, "event_time: {field: sent_at, encoding: iso8601}\n", root)
+    archiver = Archiver(connected, kafka, s3)
+    before = python_daemons(stack_settings)
+
+    summary = archiver.run(buggy)
+
+    assert summary.counts.read == summary.counts.backup == 20
+    storage = archiver.storage(buggy)
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 10, 1: 10}))
+    # The job set its Arrow batch limits on its own session; another session keeps the defaults.
+    assert connected.conf.get(ARROW_RECORDS) == ARROW_CONF[ARROW_RECORDS]
+    other = SparkSession.builder.remote(spark_connect).create()
+    try:
+        assert other.conf.get(ARROW_RECORDS) != ARROW_CONF[ARROW_RECORDS]
+    finally:
+        other.stop()
+
+    fixed = make_cfg(topic_name, root=root)  # event_time: ts
+    for day in (DAY, DAY + timedelta(days=1)):  # each date's backup files, one task each
+        assert len(archiver.rebuild(fixed, day).sources) == 2
+
+    contents = read_archive(storage, topic_name)
+    assert_exactly_once(contents, all_offsets({0: 10, 1: 10}))
+    assert folders_of(contents) == {e: ts.strftime("dt=%Y-%m-%d/hr=%H") for e, ts in times.items()}
+
+    # The session's Python workers (a daemon of its own, Spark 4.0) go when the run ends, as the
+    # operator releases them: a long-lived server does not grow by a process per run.
+    ours = python_daemons(stack_settings) - before
+    assert ours, "the session's Python functions ran in no daemon of the server"
+    end_session(connected)  # the fixture's second call only warns
+    deadline = time.monotonic() + 30
+    while python_daemons(stack_settings) & ours and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not python_daemons(stack_settings) & ours
+
+
+def test_a_refused_login_fails_with_kafka_access_denied_and_no_secret_reaches_the_server(
+    kafka_secured, connected, s3, make_cfg, topic_name, stack_settings
+) -> None:
+    create_and_fill(kafka_secured, topic_name, per_partition=5)
+    root = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/connect-{topic_name}"
+    cfg = make_cfg(topic_name, root=root)
+    good = Archiver(connected, KafkaConf(kafka_secured, LABEL), s3)
+    planned = good.plan(cfg)
+    bad = KafkaConf(changed(kafka_secured, WRONG_PASSWORD), LABEL)
+
+    with pytest.raises(KafkaAccessDenied) as refused:
+        Archiver(connected, bad, s3).write(cfg, planned)
+
+    message = str(refused.value)
+    assert message.startswith(f"{LABEL} (bootstrap servers") and "Sasl" in message
+    assert tokens.newest(good.storage(cfg), topic_name) is None
+    # The run with the right settings goes through; the server's processes (the JVM and its
+    # Python workers) never had the password or the S3 secret in their argv or environment.
+    good.write(cfg, planned)
+    assert good.finish(cfg, planned).counts.backup == 10
+    secrets = [kafka_secured["sasl.password"], stack_settings.s3_secret_key]
+    seen = server_processes(stack_settings)
+    assert seen, "no Spark Connect server process found"
+    for pid, text in seen.items():
+        assert not [s for s in secrets if s in text], f"a secret in process {pid}'s argv/env"
+
+
+def server_processes(settings) -> dict[int, str]:
+    """argv and environment of the Spark Connect server and all its descendants (its Python
+    daemons make process groups of their own)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except OSError:
+                continue
+    found, todo = {}, [services.spark_connect(settings).pid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            found[pid] = " ".join(
+                (Path(f"/proc/{pid}") / name).read_bytes().decode(errors="replace")
+                for name in ("cmdline", "environ")
+            )
+        except OSError:
+            continue
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return found
+
+
+def python_daemons(settings) -> set[int]:
+    return {pid for pid, text in server_processes(settings).items() if "pyspark.daemon" in text}

@@ -1,0 +1,111 @@
+"""Many topics without a stampede, as the DAGs wire it: every Spark task takes one slot of the
+Spark pool and has a timeout, the archive DAG runs on its topic's spread schedule, and its Spark
+task is weighted by the lag its topic's last run left."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+import cairn_priority
+from cairn.config import TopicConfig, dag_safe
+from cairn.schedule import spread
+from cairn_airflow import SPARK_POOL, archive_dag_id, rebuild_dag_id
+from dags.cairn_archive import archive_dag
+from dags.cairn_rebuild import rebuild_dag
+
+SCHEMA = "schemas/demo_event.avsc"
+
+
+def parsing(topic: str, **settings) -> TopicConfig:
+    return TopicConfig.model_validate(
+        {
+            "topic": topic,
+            "format": "json",
+            "schema": SCHEMA,
+            "event_time": {"field": "ts", "encoding": "iso8601"},
+        }
+        | settings
+    )
+
+
+def test_every_spark_task_takes_one_slot_of_the_spark_pool_with_the_topics_timeout():
+    cfg = parsing("orders.eu", spark_timeout="45m")
+    spark_tasks = [
+        archive_dag(cfg).get_task("archive"),
+        rebuild_dag(cfg).get_task("rebuild"),
+    ]
+    for task in spark_tasks:
+        assert (task.pool, task.pool_slots) == (SPARK_POOL, 1), task.task_id
+        assert task.execution_timeout == timedelta(minutes=45), task.task_id
+    assert SPARK_POOL == "cairn_spark"  # the name the stack and docker-compose.yml create
+
+
+def test_only_spark_tasks_use_the_spark_pool():
+    dag = archive_dag(parsing("orders.eu"))
+    others = [t for t in dag.tasks if t.task_id != "archive"]
+    assert others and all(t.pool != SPARK_POOL for t in others)
+
+
+def test_the_archive_dag_runs_on_the_topics_spread_schedule():
+    spread_on = archive_dag(parsing("orders.eu"))
+    assert spread_on.timetable.expression == spread("*/10 * * * *", "orders.eu")
+    assert spread_on.timetable.expression != "*/10 * * * *"
+    spread_off = archive_dag(parsing("orders.eu", spread_schedule=False))
+    assert spread_off.timetable.expression == "*/10 * * * *"
+
+
+def test_the_archive_spark_task_is_weighted_by_lag_the_rebuild_task_is_not():
+    archive = archive_dag(parsing("orders.eu")).get_task("archive")
+    assert archive.weight_rule == cairn_priority.LAG_FIRST == "cairn_priority.TimeLagFirst"
+    rebuild = rebuild_dag(parsing("orders.eu")).get_task("rebuild")
+    assert rebuild.weight_rule != cairn_priority.LAG_FIRST
+
+
+def test_the_rule_is_registered_by_a_plugin():
+    assert (
+        cairn_priority.TimeLagFirst in cairn_priority.CairnPriorityPlugin.priority_weight_strategies
+    )
+
+
+@pytest.mark.parametrize("topic", ["orders.eu", "a.b.c", "plain", "with-dash_and_underscore"])
+def test_the_rule_finds_the_topic_of_an_archive_dag(topic):
+    assert cairn_priority.dag_topic(archive_dag_id(topic)) == topic
+    assert archive_dag_id(topic) == f"archive__{dag_safe(topic)}"
+    assert cairn_priority.dag_topic(rebuild_dag_id(topic)) is None
+
+
+def task_instance(dag_id: str, priority_weight: int = 1) -> SimpleNamespace:
+    """What the rule reads of a task instance: its DAG id and its task's own weight."""
+    return SimpleNamespace(dag_id=dag_id, task=SimpleNamespace(priority_weight=priority_weight))
+
+
+def test_weight_is_the_tasks_weight_plus_minutes_of_the_recorded_lag(monkeypatch):
+    recorded = {"orders.eu": 3600.0, "quiet": 0.0}
+    monkeypatch.setattr(cairn_priority, "stored_lag", recorded.get)
+    rule = cairn_priority.TimeLagFirst()
+    assert rule.get_weight(task_instance("archive__orders__dot__eu")) == 61
+    assert rule.get_weight(task_instance("archive__quiet", priority_weight=5)) == 5
+    assert rule.get_weight(task_instance("archive__never__dot__ran")) == 1  # nothing recorded
+
+
+def test_a_lag_that_cannot_be_read_gives_the_plain_weight(monkeypatch):
+    def broken(topic):
+        raise RuntimeError("database gone")
+
+    monkeypatch.setattr(cairn_priority, "stored_lag", broken)
+    assert cairn_priority.TimeLagFirst().get_weight(task_instance("archive__orders", 3)) == 3
+
+
+def test_recording_the_lag_never_fails_a_run(monkeypatch):
+    """Outside a task (no Airflow to talk to) Variable.set fails: logged, not raised."""
+    cairn_priority.remember_lag("orders.eu", 12.5)
+    written = []
+    monkeypatch.setattr(
+        cairn_priority.Variable, "set", lambda key, value, **kw: written.append((key, value))
+    )
+    cairn_priority.remember_lag("orders.eu", 12.5)
+    cairn_priority.remember_lag("orders.eu", None)  # unknown: the last figure stays
+    assert written == [("cairn_time_lag.orders.eu", "12.5")]
