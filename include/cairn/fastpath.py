@@ -77,7 +77,8 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
 
     `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
     JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
-    values are named once (`_whole`, `_doc`, `_event`) so each is computed once a record.
+    values (`_whole`, each field `_field<i>`, `_time`, `_event`) are named columns, so each is
+    computed once a record.
     """
     coords = [
         "topic",
@@ -98,11 +99,11 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         "variant_get(_whole, '$[2]') IS NULL",
         f"is_valid_utf8({text})",
         f"NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
-        "schema_of_variant(_doc) LIKE 'OBJECT<%'",
+        f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'",  # the document is an object
         event_ok,
-        *(_field_ok(f) for f in fields),
+        *(_field_ok(f, _column(i)) for i, f in enumerate(fields)),
     ]
-    record = [f"'{f['name']}', {_field_value(f)}" for f in fields]
+    record = [f"'{f['name']}', {_field_value(f, _column(i))}" for i, f in enumerate(fields)]
     record += [
         "'_kafka_partition', partition",
         "'_kafka_offset', offset",
@@ -113,7 +114,14 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
     accepted = f"coalesce({' AND '.join(f'({c})' for c in checks)}, false)"
     return [
         ["*", f"try_parse_json(concat('[', {text}, ',\"{nonce}\"]')) AS _whole"],
-        ["*", "variant_get(_whole, '$[0]') AS _doc"],
+        [
+            "*",
+            *(
+                f"variant_get(_whole, '$[0].{f['name']}') AS {_column(i)}"
+                for i, f in enumerate(fields)
+            ),
+            f"{_time_path(topic)} AS _time",
+        ],
         ["*", f"{event} AS _event", f"{accepted} AS _accepted"],
         [
             *coords,
@@ -158,9 +166,9 @@ def _primitive(schema: Any) -> str | None:
     return schema if isinstance(schema, str) else None
 
 
-def _field_ok(field: dict[str, Any]) -> str:
+def _field_ok(field: dict[str, Any], v: str) -> str:
+    """Whether field `field` (its value: column `v`, a variant) is one the reference accepts."""
     kind, nullable = _field_type(field)  # type: ignore[misc]
-    v = _path(field["name"])
     absent = "true" if "default" in field and _fits(field["default"], kind, nullable) else "false"
     null = "true" if nullable else "false"
     return (
@@ -169,9 +177,9 @@ def _field_ok(field: dict[str, Any]) -> str:
     )
 
 
-def _field_value(field: dict[str, Any]) -> str:
+def _field_value(field: dict[str, Any], v: str) -> str:
     kind, _ = _field_type(field)  # type: ignore[misc]
-    v, sql = _path(field["name"]), _SQL_TYPES[kind]
+    sql = _SQL_TYPES[kind]
     default = _default(field.get("default"), kind) if "default" in field else "NULL"
     if kind == "double":  # through Java's correctly rounded parser, as Python's float()
         value = f"try_cast(try_variant_get({v}, '$', 'string') AS DOUBLE)"
@@ -226,8 +234,14 @@ def _default(default: Any, kind: str) -> str:
     return f"'{float(default)!r}'" if kind == "double" else str(int(default))
 
 
-def _path(name: str) -> str:
-    return f"variant_get(_doc, '$.{name}')"
+def _column(index: int) -> str:
+    """The column holding the schema's field `index` as a variant (null: absent)."""
+    return f"_field{index}"
+
+
+def _time_path(topic: Topic) -> str:
+    spec = topic.event_time
+    return "CAST(NULL AS VARIANT)" if spec is None else f"variant_get(_whole, '$[0].{spec.field}')"
 
 
 def _event_time(topic: Topic) -> tuple[str, str]:
@@ -235,7 +249,7 @@ def _event_time(topic: Topic) -> tuple[str, str]:
     spec = topic.event_time
     if spec is None:
         return "CAST(NULL AS BIGINT)", "true"
-    v = f"variant_get(_doc, '$.{spec.field}')"
+    v = "_time"
     if spec.encoding == "iso8601":
         text = f"try_variant_get({v}, '$', 'string')"
         millis = f"unix_millis(try_cast({text} AS TIMESTAMP))"

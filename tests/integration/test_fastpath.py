@@ -44,6 +44,16 @@ SCHEMA = {
         {"name": "ts", "type": ["null", "string"], "default": None},
     ],
 }
+DEFAULTED = {  # every field may be absent: only the object check keeps `[1]` or `5` out
+    **SCHEMA,
+    "fields": [
+        {"name": "id", "type": "string", "default": ""},
+        {"name": "n", "type": "int", "default": 0},
+        *SCHEMA["fields"][2:7],
+        {"name": "label", "type": ["null", "string"], "default": None},
+        SCHEMA["fields"][8],
+    ],
+}
 NUMBERS = [
     "0", "-0", "1", "-1", "2147483647", "2147483648", "-2147483648", "-2147483649",
     "9223372036854775807", "9223372036854775808", "-9223372036854775808",
@@ -233,12 +243,15 @@ CASES = {
         path_format="day=%Y%m%d",
     ),
     "processing time": dict(time_source="processing", path_format="dt=%Y-%m-%d"),
+    "processing time, every field defaulted": dict(
+        time_source="processing", path_format="dt=%Y-%m-%d", avsc=DEFAULTED
+    ),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_fast_path_and_reference_write_the_same_bytes(spark, tmp_path, case):
-    entry = CASES[case]
+    entry = dict(CASES[case])
     cfg = topic_cfg(tmp_path, "cfg", **entry)
     assert fastpath.gap(cfg) is None
     spec = entry.get("event_time") or {"field": "ts", "encoding": ""}
