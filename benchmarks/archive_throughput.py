@@ -139,6 +139,7 @@ class Result:
     commit_seconds: float
     spread_hours: int
     job: JobRun
+    spark_how: str
     peers: list[PeerRun] = field(default_factory=list)
 
 
@@ -243,11 +244,13 @@ class Peaks:
     """The Spark job's script: a Python process running it is the driver."""
     _cmdlines: dict[tuple[int, str], list[str]] = field(default_factory=dict)
 
-    def sample(self, root: psutil.Process) -> int:
-        """Add one sample of `root`'s process tree; returns its total RSS."""
-        try:
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
+    def sample(self, root: psutil.Process, *others: psutil.Process) -> int:
+        """Add one sample of the process trees of `root` and `others`; returns their RSS."""
+        procs = []
+        for top in (root, *others):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs += [top, *top.children(recursive=True)]
+        if not procs:
             return 0
         now = dict.fromkeys(ROLES, 0)
         for p in procs:
@@ -312,9 +315,10 @@ def spark_submit(
     timeout: float,
     job: Path = JOB,
     label: str = "archiving (spark-submit)",
+    also: tuple[psutil.Process, ...] = (),
 ) -> tuple[float, Peaks]:
-    """Run the job (`job`: its script); returns its wall time and memory peaks. Fails loudly
-    with the log's tail."""
+    """Run the job (`job`: its script, or the Spark Connect client that runs it); returns its
+    wall time and memory peaks. Fails loudly with the log's tail."""
     env = {
         **os.environ,
         "CAIRN_BOOTSTRAP_SERVERS": bootstrap,
@@ -323,7 +327,43 @@ def spark_submit(
         "CAIRN_STORAGE_OPTIONS": "{}",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    return run_sampled(argv, log, timeout, label, env, Peaks(job=job), tasks)
+    return run_sampled(argv, log, timeout, label, env, Peaks(job=job), tasks, also)
+
+
+# The Airflow task's side of a Spark Connect run: the job's `run` on a new session.
+CONNECT_CLIENT = """
+import sys
+from pyspark.sql import SparkSession
+sys.path.insert(0, {repo!r})
+from spark_jobs.archive import run
+spark = SparkSession.builder.remote(sys.argv[1]).create()
+try:
+    print(run(spark, sys.argv[2:]))
+finally:
+    spark.stop()
+"""
+
+
+def connect_argv(url: str, planned: run.Planned, topics: Path) -> list[str]:
+    """The job as the Airflow task runs it on a `spark_connect` connection (`archive.py` is in
+    the command line so the sampler counts this process as the job's driver)."""
+    code = CONNECT_CLIENT.format(repo=str(REPO)) + f"# {JOB}"
+    job_args = ["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file"]
+    return [sys.executable, "-c", code, url, *job_args, str(topics)]
+
+
+@contextlib.contextmanager
+def private_connect(state_dir: Path) -> Iterator[tuple[str, services.Service]]:
+    """A Spark Connect server (`local[2]`) as the local stack runs one, on a free port."""
+    (port,) = free_port_block(1)
+    settings = StackSettings(state_dir=state_dir, spark_connect_port=port, spark_master="local[2]")
+    service = services.spark_connect(settings)
+    with console.status("starting a private Spark Connect server"):
+        service.start(settings.start_timeout)
+    try:
+        yield settings.spark_connect_url, service
+    finally:
+        service.stop()
 
 
 def run_sampled(
@@ -334,9 +374,11 @@ def run_sampled(
     env: dict[str, str] | None = None,
     peaks: Peaks | None = None,
     tasks: int = 0,
+    also: tuple[psutil.Process, ...] = (),
 ) -> tuple[float, Peaks]:
-    """Run a command to exit, sampling its process tree's RSS; returns its wall time and peaks.
-    With `tasks`, progress counts the Spark tasks its log reports finished."""
+    """Run a command to exit, sampling its process tree's RSS (and that of the processes `also`
+    names: a Spark Connect server); returns its wall time and peaks. With `tasks`, progress
+    counts the Spark tasks its log reports finished."""
     peaks = peaks or Peaks()
     with open(log, "wb") as out, _progress() as progress:
         task = progress.add_task(label, total=tasks)
@@ -354,7 +396,7 @@ def run_sampled(
             while proc.poll() is None:
                 if time.perf_counter() - start > timeout:
                     raise BenchError(f"{argv[0]} still running after {timeout:.0f}s")
-                rss = peaks.sample(root)
+                rss = peaks.sample(root, *also)
                 progress.update(
                     task,
                     completed=_finished_tasks(log) if tasks else 0,
@@ -419,10 +461,21 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         planned = plan_and_clean(cfg, storage, bootstrap)
         plan_clean_s = time.perf_counter() - t
 
-        argv = spark_argv(planned, topics, args.driver_memory)
         tasks = len(planned.plan.to_read)
+        spark_log, also = work / "spark.log", ()
+        if args.connect:
+            url, server = stack.enter_context(private_connect(work / "connect"))
+            warm_up(url, bootstrap, work, args)
+            argv, spark_log = connect_argv(url, planned, topics), server.log
+            also = (psutil.Process(server.pid()),)
+            tasks = 0  # the server's log counts the warm-up's tasks too
+        else:
+            argv = spark_argv(planned, topics, args.driver_memory)
+        first_task = len(task_seconds(spark_log))
         load.append(os.getloadavg()[0])
-        spark_s, peaks = spark_submit(argv, bootstrap, tasks, work / "spark.log", args.timeout)
+        spark_s, peaks = spark_submit(
+            argv, bootstrap, tasks, work / "spark.log", args.timeout, also=also
+        )
         console.print(f"spark job finished in {spark_s:.1f}s")
         load.append(os.getloadavg()[0])
 
@@ -458,8 +511,16 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             "a new one"
         )
     shown = [shlex.quote(a) for a in argv]
-    shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
+    if args.connect:
+        shown[2] = "<the job's run() on a session of the server>"
+    else:
+        shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
     return Result(
+        spark_how=(
+            "client start to exit, on a warm Spark Connect server, local[2]"
+            if args.connect
+            else "spark-submit to exit, local[2]"
+        ),
         records=args.records,
         partitions=args.partitions,
         records_per_partition={p: end - start for p, (start, end) in planned.plan.to_read.items()},
@@ -472,7 +533,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         peak_processes=peaks.processes,
         files=files,
         output_bytes=c.bytes,
-        task_seconds=task_seconds(work / "spark.log"),
+        task_seconds=task_seconds(spark_log)[first_task:],
         plan_clean_seconds=round(plan_clean_s, 2),
         verify_seconds=round(verify_s, 2),
         commit_seconds=round(commit_s, 2),
@@ -487,6 +548,19 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         ),
         peers=peers,
     )
+
+
+def warm_up(url: str, bootstrap: str, work: Path, args: argparse.Namespace) -> None:
+    """One archive run of a small topic on the server first, as a deployed server has done
+    before: the measured run then pays no JVM start nor first-query compilation."""
+    topic, records = f"bench.warm-{uuid.uuid4().hex[:8]}", 20_000
+    create_topic(bootstrap, topic, args.partitions)
+    produce(bootstrap, topic, records, work / "payloads.jsonl", work / "warm-producer.log")
+    topics = work / "warm.yaml"
+    cfg = topics_file(topics, topic, work / "warm-archive", records)
+    planned = plan_and_clean(cfg, Storage(cfg.root.storage_url), bootstrap)
+    argv = connect_argv(url, planned, topics)
+    spark_submit(argv, bootstrap, 0, work / "warm.log", args.timeout, label="warming up")
 
 
 def run_peers(bootstrap: str, topic: str, records: int, work: Path, timeout: float) -> list:
@@ -597,7 +671,7 @@ def print_result(r: Result) -> None:
         ("bytes in Kafka", f"{r.value_bytes:,} value bytes ({r.mean_value_bytes} per record)"),
         ("produce time", f"{r.produce_seconds:.1f} s (ProducerPerformance, not part of below)"),
         ("plan + clean", f"{r.plan_clean_seconds:.2f} s"),
-        ("Spark job wall", f"{r.spark_seconds:.1f} s (spark-submit to exit, local[2])"),
+        ("Spark job wall", f"{r.spark_seconds:.1f} s ({r.spark_how})"),
         ("throughput", f"{r.records_per_second:,} records/s, {r.mb_per_second:.2f} MB/s"),
         ("Spark tasks", f"{tasks} s (in finishing order)"),
         ("peak RSS total", f"{r.job.peak_rss_total_mb:,} MB ({r.peak_processes} processes)"),
@@ -664,6 +738,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="run the job as Airflow does on a spark_connect connection: on a private Spark "
+        "Connect server, warmed up by one small run first",
+    )
     parser.add_argument("--bootstrap-servers", help="use this Kafka instead of a private one")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per Spark job")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
