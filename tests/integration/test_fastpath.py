@@ -22,6 +22,7 @@ from cairn.writer import KafkaRecord, PartitionResult, write_partition
 from spark_jobs.archive import encoded, records
 
 TOPIC, PARTITION = "diff.events", 2
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NOW = datetime(2024, 2, 29, 23, 59, 30, tzinfo=UTC)  # processing time: a leap day's last minute
 KAFKA_SCHEMA = (
     "topic string, partition int, offset long, timestamp timestamp, timestampType int, "
@@ -199,9 +200,13 @@ def timezone_of(hours: float):
 
 
 def kafka_records(values: list[bytes | None]) -> list[KafkaRecord]:
-    headers = [("trace", b"\x00\xff"), ("empty", None)]
+    """The values as records of one partition, with keys and headers present, empty or null."""
+    keys = [b"k", None, b"", "ключ".encode()]
+    headers = [[("trace", b"\x00\xff"), ("empty", None)], [], None, [("h", b"")]]
     return [
-        KafkaRecord(TOPIC, PARTITION, 1000 + i, 1_709_251_000_000 + i, i % 2, b"k", v, headers)
+        KafkaRecord(
+            TOPIC, PARTITION, 1000 + i, 1_709_251_000_000 + i, i % 2, keys[i % 4], v, headers[i % 4]
+        )
         for i, v in enumerate(values)
     ]
 
@@ -210,8 +215,9 @@ def through_spark(spark, cfg: TopicConfig, rows: list[KafkaRecord], url: str) ->
     """The archive job's JVM encoding and Python assembly over `rows`, as one Spark task."""
     source = spark.createDataFrame(
         [
-            (r.topic, r.partition, r.offset, datetime.fromtimestamp(r.timestamp / 1000, UTC),
-             r.timestamp_type, r.key, r.value, [{"key": k, "value": v} for k, v in r.headers])
+            (r.topic, r.partition, r.offset, EPOCH + timedelta(milliseconds=r.timestamp),
+             r.timestamp_type, r.key, r.value,
+             None if r.headers is None else [{"key": k, "value": v} for k, v in r.headers])
             for r in rows
         ],
         KAFKA_SCHEMA,
