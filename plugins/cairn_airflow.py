@@ -226,6 +226,32 @@ def end_session(spark: Any) -> None:
     spark.stop()  # releases the session on the server: its settings, its files
 
 
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+"""PySpark's mark of a whole process as Spark Connect, set by every remote session it starts."""
+
+
+@contextlib.contextmanager
+def connect_session(url: str) -> Iterator[Any]:
+    """A new session of the Spark Connect server at `url`, ended (`end_session`) after the block.
+
+    PySpark marks the process as Connect mode when it starts a remote session and never removes
+    the mark; a classic session used later in the same process (or a spark-submit it starts)
+    would then be sent to Connect and fail. The mark is put back as it was before the session.
+    """
+    from pyspark.sql import SparkSession
+
+    before = os.environ.get(CONNECT_MODE)
+    session = SparkSession.builder.remote(url).create()
+    try:
+        yield session
+    finally:
+        end_session(session)
+        if before is None:
+            os.environ.pop(CONNECT_MODE, None)
+        else:
+            os.environ[CONNECT_MODE] = before
+
+
 class CairnSparkOperator(SparkSubmitOperator):
     """Run one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
 
@@ -305,18 +331,14 @@ class CairnSparkOperator(SparkSubmitOperator):
         """The job's `run` on a new session of the connection's Spark Connect server, with the
         arguments and environment spark-submit would get (the secrets stay in this process and
         reach the server inside the session's plan, never on a command line)."""
-        from pyspark.sql import SparkSession
-
         job = spark_job(self.job)
         url = SparkConnectHook(self._conn_id).get_connection_url()
         log.info("%s job on the Spark Connect server %s", self.job, url.split("/;", 1)[0])
-        with environment(self.env_vars), fail_fast():
-            self._session = SparkSession.builder.remote(url).create()
+        with environment(self.env_vars), fail_fast(), connect_session(url) as self._session:
             try:
                 log.info("%s", job.run(self._session, self.application_args))
             finally:
-                session, self._session = self._session, None
-                end_session(session)
+                self._session = None
 
     def on_kill(self) -> None:
         """Interrupt the session's work on Spark Connect, or kill spark-submit if it started."""

@@ -112,13 +112,10 @@ def spark_connect(stack_settings: StackSettings) -> Iterator[str]:
 @pytest.fixture
 def connected(spark_connect: str):
     """A session of its own on the Spark Connect server, released afterwards (as a run's is)."""
-    from pyspark.sql import SparkSession
+    from cairn_airflow import connect_session
 
-    from cairn_airflow import end_session
-
-    session = SparkSession.builder.remote(spark_connect).create()
-    yield session
-    end_session(session)
+    with connect_session(spark_connect) as session:
+        yield session
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ or in its environment."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from cairn import tokens
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
-from cairn_airflow import end_session
+from cairn_airflow import CONNECT_MODE, connect_session, end_session
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.archive import ARROW_CONF
@@ -127,3 +128,14 @@ def server_processes(settings) -> dict[int, str]:
 
 def python_daemons(settings) -> set[int]:
     return {pid for pid, text in server_processes(settings).items() if "pyspark.daemon" in text}
+
+
+def test_after_a_connect_session_the_process_still_runs_classic_spark(spark_connect, spark):
+    """PySpark marks a process as Spark Connect for good once it starts a remote session; the
+    mark goes with the session, so a later classic session (or a spark-submit this process
+    starts) is not sent to Connect."""
+    with connect_session(spark_connect) as session:
+        assert session.range(3).count() == 3
+    assert CONNECT_MODE not in os.environ
+    rows = spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()
+    assert sorted(r.id for r in rows) == [0, 1, 2, 3]
