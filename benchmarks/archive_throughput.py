@@ -336,9 +336,9 @@ import sys
 from pyspark.sql import SparkSession
 sys.path.insert(0, {repo!r})
 from spark_jobs.archive import run
-spark = SparkSession.builder.remote(sys.argv[1]).create()
+spark = SparkSession.builder.remote(sys.argv[2]).create()  # argv[1]: the job, for the sampler
 try:
-    print(run(spark, sys.argv[2:]))
+    print(run(spark, sys.argv[3:]))
 finally:
     spark.stop()
 """
@@ -347,9 +347,9 @@ finally:
 def connect_argv(url: str, planned: run.Planned, topics: Path) -> list[str]:
     """The job as the Airflow task runs it on a `spark_connect` connection (`archive.py` is in
     the command line so the sampler counts this process as the job's driver)."""
-    code = CONNECT_CLIENT.format(repo=str(REPO)) + f"# {JOB}"
+    code = CONNECT_CLIENT.format(repo=str(REPO))
     job_args = ["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file"]
-    return [sys.executable, "-c", code, url, *job_args, str(topics)]
+    return [sys.executable, "-c", code, str(JOB), url, *job_args, str(topics)]
 
 
 @contextlib.contextmanager
@@ -469,9 +469,13 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             argv, spark_log = connect_argv(url, planned, topics), server.log
             also = (psutil.Process(server.pid()),)
             tasks = 0  # the server's log counts the warm-up's tasks too
+            notes.append(
+                "the server's RSS includes the warm-up session's Python worker daemon, which the "
+                "Airflow task stops when its session ends (plugins/cairn_airflow.end_session)"
+            )
         else:
             argv = spark_argv(planned, topics, args.driver_memory)
-        first_task = len(task_seconds(spark_log))
+        first_task = len(task_seconds(spark_log)) if spark_log.exists() else 0
         load.append(os.getloadavg()[0])
         spark_s, peaks = spark_submit(
             argv, bootstrap, tasks, work / "spark.log", args.timeout, also=also
