@@ -775,7 +775,7 @@ def run_benchmark(benchmark_fn, print_fn, args: argparse.Namespace, prefix: str)
         print(json.dumps(asdict(result), indent=2))
     else:
         print_fn(result)
-        print(f"spark-submit: {result.job.spark_command}")
+        print(f"Spark job command: {result.job.spark_command}")
     return 0
 
 
