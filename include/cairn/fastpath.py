@@ -77,8 +77,8 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
 
     `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
     JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
-    values (`_whole`, each field `_field<i>`, `_time`, `_event`) are named columns, so each is
-    computed once a record.
+    values (`_whole`, each field `_field<i>`, `_time`, `_time_text`, `_event`) are named
+    columns, so each is computed once a record.
     """
     coords = [
         "topic",
@@ -98,7 +98,8 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         f"try_variant_get(_whole, '$[1]', 'string') = '{nonce}'",
         "variant_get(_whole, '$[2]') IS NULL",
         f"is_valid_utf8({text})",
-        f"NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
+        # instr first: the regex runs only on values with an escape at all
+        f"instr({text}, '\\\\u') = 0 OR NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
         f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'",  # the document is an object
         event_ok,
         *(_field_ok(f, _column(i)) for i, f in enumerate(fields)),
@@ -122,7 +123,9 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
             ),
             f"{_time_path(topic)} AS _time",
         ],
-        ["*", f"{event} AS _event", f"{accepted} AS _accepted"],
+        ["*", f"{_time_text(topic)} AS _time_text"],
+        ["*", f"{event} AS _event"],
+        ["*", f"{accepted} AS _accepted"],
         [
             *coords,
             f"CASE WHEN _accepted THEN {datum} END AS datum",
@@ -244,16 +247,24 @@ def _time_path(topic: Topic) -> str:
     return "CAST(NULL AS VARIANT)" if spec is None else f"variant_get(_whole, '$[0].{spec.field}')"
 
 
+def _time_text(topic: Topic) -> str:
+    """The event time field as text, once a record (`_event` and its check both read it)."""
+    spec = topic.event_time
+    if spec is None or spec.encoding != "iso8601":
+        return "CAST(NULL AS STRING)"
+    return "try_variant_get(_time, '$', 'string')"
+
+
 def _event_time(topic: Topic) -> tuple[str, str]:
-    """(epoch millis, its check) of the record's event time; null for processing time."""
+    """(epoch millis, its check) of the record's event time; null for processing time. The
+    check reads `_event`, the named column of the millis, so they are computed once."""
     spec = topic.event_time
     if spec is None:
         return "CAST(NULL AS BIGINT)", "true"
     v = "_time"
     if spec.encoding == "iso8601":
-        text = f"try_variant_get({v}, '$', 'string')"
-        millis = f"unix_millis(try_cast({text} AS TIMESTAMP))"
-        check = f"schema_of_variant({v}) = 'STRING' AND {text} RLIKE '{_ISO}'"
+        millis = "unix_millis(try_cast(_time_text AS TIMESTAMP))"
+        check = f"schema_of_variant({v}) = 'STRING' AND _time_text RLIKE '{_ISO}'"
     else:
         scale = 1000 if spec.encoding == "epoch_seconds" else 1
         millis = f"try_multiply(try_variant_get({v}, '$', 'bigint'), {scale})"
@@ -262,4 +273,4 @@ def _event_time(topic: Topic) -> tuple[str, str]:
             f"schema_of_variant({v}) IN {_INTEGERS} AND "
             f"try_variant_get({v}, '$', 'bigint') BETWEEN {low} AND {high}"
         )
-    return millis, f"{check} AND {millis} BETWEEN {MIN_EVENT_MS} AND {MAX_EVENT_MS}"
+    return millis, f"{check} AND _event BETWEEN {MIN_EVENT_MS} AND {MAX_EVENT_MS}"
