@@ -4,11 +4,12 @@ Builds N records as the Arrow batches the archive job's JVM side hands to `mapIn
 (`cairn.fastpath.OUTPUT_COLUMNS`: coordinates, the backup datum, the partitioned datum and event
 time; same events as archive_throughput.py, picked at random like ProducerPerformance does; the
 datums are encoded here by fastavro, byte-identical to Spark's `to_avro`), then times, one after
-the other on the same data: the Arrow-to-record conversion of spark_jobs/archive.py, the whole
-`write_partition` when the JVM parsed every value (Python only assembles blocks and files), and
-when it parsed none (every value through the Python reference parser, as for a topic
-`cairn.fastpath.gap` names or the records the fast path refuses), into an attempt's staging area
-(`cairn.staging.staged`) in a temp folder, as the Spark job calls it.
+the other on the same data, the whole `write_partition` into an attempt's staging area
+(`cairn.staging.staged`) in a temp folder, as the Spark job calls it: when the JVM parsed every
+value and the batches go in whole (as the job hands them: Python assembles blocks per folder),
+the same record by record (`EncodedRecord`, the path a batch takes when it would evict files),
+and when the JVM parsed none (every value through the Python reference parser, as for a topic
+`cairn.fastpath.gap` names or the records the fast path refuses).
 
     .venv/bin/python benchmarks/writer_throughput.py --records 100000 [--profile]
 """
@@ -24,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,8 +41,7 @@ from cairn.avro import BACKUP_SCHEMA
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed
 from cairn.storage import Storage
-from cairn.writer import write_partition
-from spark_jobs.archive import records
+from cairn.writer import EncodedRecord, encoded_records, write_partition
 
 ATTEMPT = "bench-writer"  # the attempt id the files' headers name and the staging folder
 BATCH = 5000  # spark.sql.execution.arrow.maxRecordsPerBatch in spark_jobs/archive.py
@@ -104,23 +104,22 @@ def main() -> None:
     fast = batches(cfg, n, args.spread_hours, args.seed, parsed=True)
     slow = batches(cfg, n, args.spread_hours, args.seed, parsed=False)
 
-    def convert() -> None:
-        for _ in records(iter(fast)):
-            pass
-
-    def write(data: list[pa.RecordBatch], attempt: str) -> Callable[[], None]:
+    def write(data: Callable[[], Iterable], attempt: str) -> Callable[[], None]:
         def run() -> None:
             staged = staging.staged(Storage(cfg.root.storage_url), cfg.topic, attempt)
-            result = write_partition(records(iter(data)), cfg, staged, now, attempt)
+            result = write_partition(data(), cfg, staged, now, attempt)
             print(f"{'':<40} {len(result.files)} files")
 
         return run
 
+    def one_by_one() -> Iterable[EncodedRecord]:
+        return (record for batch in fast for record in encoded_records(batch))
+
     print(f"{n:,} records, {sum(b.nbytes for b in fast) / 1e6:,.1f} MB of Arrow batches")
-    timed("Arrow -> EncodedRecord (records())", n, convert)
     try:
-        jobs = [("write_partition, JVM parsed all", write(fast, ATTEMPT))]
-        jobs.append(("write_partition, Python parses all", write(slow, ATTEMPT + "-py")))
+        jobs = [("JVM parsed all: Arrow batches", write(lambda: fast, ATTEMPT))]
+        jobs.append(("JVM parsed all: record by record", write(one_by_one, ATTEMPT + "-1")))
+        jobs.append(("Python parses all", write(lambda: slow, ATTEMPT + "-py")))
         for label, job in jobs:
             if args.profile:
                 profile = cProfile.Profile()

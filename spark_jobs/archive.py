@@ -43,7 +43,7 @@ from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn.plan import kafka_assign_json, kafka_json_offsets
 from cairn.run import Planned, load_planned
 from cairn.storage import Storage, options_from_env
-from cairn.writer import EncodedRecord, PartitionResult, write_partition
+from cairn.writer import PartitionResult, write_partition
 
 # This file's functions travel to the Python workers by value, so a Spark Connect server needs
 # only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,
@@ -64,13 +64,6 @@ def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
     for projection in fastpath.select(cfg, nonce):
         source = source.selectExpr(*projection)
     return source
-
-
-def records(batches: Iterator[pa.RecordBatch]) -> Iterator[EncodedRecord]:
-    for batch in batches:
-        columns = [batch.column(name).to_pylist() for name in fastpath.OUTPUT_COLUMNS]
-        for row in zip(*columns, strict=True):
-            yield EncodedRecord(*row)
 
 
 # The Java client's exceptions for a refused login or an untrusted broker certificate.
@@ -112,7 +105,7 @@ def archive(
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         out = Storage(staged_url, **options)
         result = write_partition(
-            records(batches), cfg, out, processing_time, attempt_id, registries=registries
+            batches, cfg, out, processing_time, attempt_id, registries=registries
         )
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 

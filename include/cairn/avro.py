@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 import fastavro
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from fastavro.schema import SchemaParseException, UnknownType
 from fastavro.write import Writer
 
@@ -160,6 +163,43 @@ class AvroFileWriter:
         self._block.write(datum)
         self._added(offset, event_time)
 
+    def append_datums(
+        self, datums: pa.Array, offsets: np.ndarray, event_times: pa.Array | None = None
+    ) -> None:
+        """`append_datum` for each of an Arrow array of datums (no nulls) in order, with the same
+        blocks, at a cost per block instead of per record: the array's data buffer already holds
+        the datums back to back, so each block takes one slice of it."""
+        self._check_open()
+        n = len(datums)
+        if n == 0:
+            return
+        if datums.null_count:
+            raise ValueError("a null datum: every record needs its encoded bytes")
+        width = np.int64 if pa.types.is_large_binary(datums.type) else np.int32
+        _, ends_buffer, data = datums.buffers()
+        ends = np.frombuffer(ends_buffer, dtype=width)[datums.offset : datums.offset + n + 1]
+        view = memoryview(data)
+        start = 0
+        while start < n:
+            # the first record whose end takes the block to the interval ends it, as in `_added`
+            target = self._interval - self._block.tell() + ends[start]
+            cut = start + int(np.searchsorted(ends[start + 1 :], target, side="left"))
+            stop = min(cut + 1, n)
+            self._block.write(view[ends[start] : ends[stop]])
+            self._count += stop - start
+            if cut < n:
+                self._dump()
+            start = stop
+        s = self.stats
+        s.records += n
+        span = int(offsets.min()), int(offsets.max())
+        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, *span)
+        if event_times is not None and event_times.null_count < n:
+            low, high = (v.as_py() for v in pc.min_max(event_times).values())
+            s.min_event_time, s.max_event_time = _widen(
+                s.min_event_time, s.max_event_time, low, high
+            )
+
     def flush(self) -> None:
         """Write the buffered block out (the file stays valid Avro after each flush)."""
         self._dump()
@@ -185,10 +225,10 @@ class AvroFileWriter:
             self._dump()
         s = self.stats
         s.records += 1
-        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, offset)
+        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, offset, offset)
         if event_time is not None:
             s.min_event_time, s.max_event_time = _widen(
-                s.min_event_time, s.max_event_time, event_time
+                s.min_event_time, s.max_event_time, event_time, event_time
             )
 
 
@@ -208,6 +248,14 @@ class _Block(NamedTuple):
 
 
 _BACKUP_PARSED = fastavro.parse_schema(BACKUP_SCHEMA)
+_QUARANTINE_PARSED = fastavro.parse_schema(QUARANTINE_SCHEMA)
+
+
+def encode_quarantine(record: dict[str, Any]) -> bytes:
+    """A quarantine record as its datum: the bytes `AvroFileWriter.append` writes for it."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _QUARANTINE_PARSED, record)
+    return out.getvalue()
 
 
 def decode_backup(datum: bytes) -> dict[str, Any]:
@@ -230,7 +278,8 @@ def read_metadata(head: bytes) -> dict[str, str]:
     return {k: v for k, v in reader.metadata.items() if not k.startswith("avro.")}
 
 
-def _widen(low: int | None, high: int | None, value: int) -> tuple[int, int]:
+def _widen(low: int | None, high: int | None, lo: int, hi: int) -> tuple[int, int]:
+    """The span [low, high] (None: empty) widened to take in [lo, hi]."""
     if low is None or high is None:
-        return value, value
-    return min(low, value), max(high, value)
+        return lo, hi
+    return min(low, lo), max(high, hi)

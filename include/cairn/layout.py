@@ -8,6 +8,7 @@ name (never a second copy) and cleanup can tell from a name alone which attempt 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, time, tzinfo
@@ -173,6 +174,7 @@ def parse_data_key(key: str) -> DataFile | None:
         return None
 
 
+@functools.lru_cache(maxsize=4096)  # the writers ask it for every record's folder
 def is_safe_folder(folder: str) -> bool:
     """True if every segment is a Hive-style `key=value` that cannot escape or confuse a path."""
     segments = folder.split("/")

@@ -21,13 +21,23 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, NonNegativeInt
 
-from cairn.avro import BACKUP_SCHEMA, QUARANTINE_SCHEMA, AvroFileWriter, decode_backup
+from cairn.avro import (
+    BACKUP_SCHEMA,
+    QUARANTINE_SCHEMA,
+    AvroFileWriter,
+    decode_backup,
+    encode_quarantine,
+)
+from cairn.fastpath import OUTPUT_COLUMNS
 from cairn.formats import Registries, open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined
 from cairn.layout import (
@@ -48,6 +58,8 @@ DEFAULT_MAX_OPEN_FILES = 256
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 _MINUTES_KEPT = 10_000  # folders remembered per writer (a week of minutes; ~1 MB)
+# Group ids of a batch's records that are not (yet) in a folder (`ParsedWriter.write_encoded`).
+_QUARANTINE, _RENDER, _UNSAFE = -1, -2, -3
 
 
 class KafkaRecord(NamedTuple):
@@ -101,7 +113,7 @@ def check_write_args(cfg: TopicConfig, processing_time: datetime, max_open_files
 
 
 def write_partition(
-    records: Iterable[KafkaRecord | EncodedRecord],
+    records: Iterable[KafkaRecord | EncodedRecord | pa.RecordBatch],
     cfg: TopicConfig,
     storage: Storage,
     processing_time: datetime,
@@ -112,7 +124,8 @@ def write_partition(
     """Write one Kafka partition's records (offset order) in one pass; see the module doc.
 
     Records come decoded (`KafkaRecord`: everything is encoded and parsed here) or as the
-    Spark job's JVM encoded them (`EncodedRecord`); both give the same bytes.
+    Spark job's JVM encoded them (`EncodedRecord`, or Arrow batches of its columns,
+    `cairn.fastpath.OUTPUT_COLUMNS`); all give the same bytes.
     `storage` is the attempt's staging area; `registries` holds the Schema Registry client
     configurations the topic's format needs (`cairn.formats.open_format`). On any exception
     the files still open are discarded and the exception propagates; files already written stay
@@ -126,8 +139,18 @@ def write_partition(
             cfg, topic, files, processing_time, max_open_files, attempt_id, registries
         )
         for record in records:
-            writer.write(record)
+            if isinstance(record, pa.RecordBatch):
+                writer.write_batch(record)
+            else:
+                writer.write(record)
         return writer.finish()
+
+
+def encoded_records(batch: pa.RecordBatch) -> Iterator[EncodedRecord]:
+    """The records of an Arrow batch of `cairn.fastpath.OUTPUT_COLUMNS`, one by one."""
+    columns = [batch.column(name).to_pylist() for name in OUTPUT_COLUMNS]
+    for row in zip(*columns, strict=True):
+        yield EncodedRecord(*row)
 
 
 class _OpenFile:
@@ -242,14 +265,87 @@ class ParsedWriter:
             out = self._partitioned(result.folder, partition, offset)
             out.avro.append_datum(result.datum, offset, result.event_time)
             return
+        self._quarantine(partition, offset).avro.append(self._quarantined(verbatim, result), offset)
+
+    def _quarantine(self, partition: int, offset: int) -> _OpenFile:
+        """The quarantine file, opened for the record at `offset` if it is the first."""
         if self.quarantine is None:
             gen = self.cfg.generation
             key = quarantine_key(self.topic, gen, partition, offset, self.quarantine_date)
             self.quarantine = self.files.open(
                 key, "quarantine", partition, QUARANTINE_SCHEMA, self._metadata()
             )
-        extra = {"reason": result.reason, "processing_time": self.processing_ms}
-        self.quarantine.avro.append(verbatim | extra, offset)
+        return self.quarantine
+
+    def _quarantined(self, verbatim: dict[str, Any], result: Quarantined) -> dict[str, Any]:
+        return verbatim | {"reason": result.reason, "processing_time": self.processing_ms}
+
+    def write_encoded(self, batch: pa.RecordBatch, offsets: np.ndarray) -> bool:
+        """File a batch the JVM encoded (`cairn.fastpath.OUTPUT_COLUMNS`; one partition, offset
+        order) as `write_datum` would each record, and `parse` and `write` each record the JVM did
+        not take: the same files, blocks and recency order, at a cost per folder rather than per
+        record. False, with nothing written, when the batch would open more files than
+        `max_open_files`: the caller then writes it record by record, evicting as ever."""
+        partition = batch.column("partition")[0].as_py()
+        datums, times = batch.column("datum"), batch.column("event_time")
+        timed = times.is_null() if self.cfg.event_time is None else times.is_valid()
+        filed = pc.and_(datums.is_valid(), timed).to_numpy(zero_copy_only=False)
+        folders: dict[str, int] = {}
+        groups = self._group_filed(filed, pc.fill_null(times, 0).to_numpy(), folders)
+        filed &= groups != _UNSAFE
+        extra: dict[int, tuple[bytes, int | None]] = {}  # what the Python parser gave
+        backups = batch.column("backup")
+        for row in np.flatnonzero(~filed).tolist():
+            verbatim = decode_backup(backups[row].as_py())
+            result = self.parse(verbatim)
+            if isinstance(result, Parsed):
+                groups[row] = folders.setdefault(result.folder, len(folders))
+                extra[row] = result.datum, result.event_time
+            else:
+                groups[row] = _QUARANTINE
+                extra[row] = encode_quarantine(self._quarantined(verbatim, result)), None
+        if len(self.partitioned) + len(folders.keys() - self.partitioned.keys()) > self.max_open:
+            return False
+        if extra:
+            datums, times = _replaced(datums, times, extra)
+        names = {group: folder for folder, group in folders.items()}
+        order = np.argsort(groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(groups[order])) + 1
+        runs = sorted(np.split(order, cuts), key=lambda rows: rows[0])  # first record first
+        for rows in runs:
+            group, first, take = int(groups[rows[0]]), int(offsets[rows[0]]), pa.array(rows)
+            if group == _QUARANTINE:
+                self._quarantine(partition, first).avro.append_datums(
+                    datums.take(take), offsets[rows]
+                )
+            else:
+                out = self._partitioned(names[group], partition, first)
+                out.avro.append_datums(datums.take(take), offsets[rows], times.take(take))
+        for rows in sorted(runs, key=lambda rows: rows[-1]):  # recency as record by record
+            if groups[rows[0]] != _QUARANTINE:
+                self.partitioned.move_to_end(names[int(groups[rows[0]])])
+        return True
+
+    def _group_filed(
+        self, filed: np.ndarray, millis: np.ndarray, folders: dict[str, int]
+    ) -> np.ndarray:
+        """Each filed record's folder as a group id (`folders` maps folder to id, and gets the
+        new ones); `_UNSAFE` for a folder `parse` would refuse, `_QUARANTINE` for the rest."""
+        groups = np.full(len(filed), _QUARANTINE, dtype=np.int64)
+        rows = np.flatnonzero(filed)
+
+        def group_of(folder: str) -> int:
+            return folders.setdefault(folder, len(folders)) if is_safe_folder(folder) else _UNSAFE
+
+        if self.cfg.event_time is None:
+            groups[rows] = group_of(self._processing_folder)
+            return groups
+        minutes, at = np.unique(millis[rows] // 60_000, return_inverse=True)
+        ids = [_RENDER if f is None else group_of(f) for f in map(self._minute, minutes.tolist())]
+        groups[rows] = np.array(ids, dtype=np.int64)[at]
+        for row in rows[groups[rows] == _RENDER].tolist():
+            groups[row] = group_of(self._folder_of(int(millis[row])))
+        return groups
 
     def write_datum(
         self, datum: bytes, partition: int, offset: int, event_time: int | None
@@ -270,13 +366,16 @@ class ParsedWriter:
         minutes: rendering a folder costs more than the rest of filing a record."""
         if event_time is None:
             return self._processing_folder
-        minute = event_time // 60_000
+        folder = self._minute(event_time // 60_000)
+        return folder if folder is not None else self._local(event_time).strftime(self._format)
+
+    def _minute(self, minute: int) -> str | None:
+        """`_minute_folder`, remembered."""
         if minute not in self._minute_folders:
             if len(self._minute_folders) >= _MINUTES_KEPT:
                 self._minute_folders.clear()
             self._minute_folders[minute] = self._minute_folder(minute)
-        folder = self._minute_folders[minute]
-        return folder if folder is not None else self._local(event_time).strftime(self._format)
+        return self._minute_folders[minute]
 
     def _minute_folder(self, minute: int) -> str | None:
         """The one folder of every millisecond of a UTC minute, or None if it has two.
@@ -345,12 +444,8 @@ class _PartitionWriter:
     def write(self, r: KafkaRecord | EncodedRecord) -> None:
         self._check(r)
         self.records, self.last = self.records + 1, r
-        if self.backup is None:
-            key = backup_key(self.topic, self.cfg.generation, r.partition, r.offset)
-            meta = file_metadata(self.processing_time, attempt=self.attempt_id)
-            self.backup = self.files.open(key, "backup", r.partition, BACKUP_SCHEMA, meta)
-            if self.parsed is not None:
-                self.parsed.source = key
+        self._open_backup(r)
+        assert self.backup is not None
         if isinstance(r, EncodedRecord):
             self.backup.avro.append_datum(r.backup, r.offset)
             parsed = self.parsed
@@ -365,6 +460,50 @@ class _PartitionWriter:
             self.backup.avro.append(verbatim, r.offset)
         if self.parsed is not None:
             self.parsed.write(verbatim, self.parsed.parse(verbatim))
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """`write` each record of an Arrow batch of `cairn.fastpath.OUTPUT_COLUMNS`, at a cost per
+        block and folder rather than per record. A batch that is not one partition in offset
+        order after the records before it, or that would open more files than allowed, goes
+        record by record, where `write` refuses or evicts as it always has."""
+        if batch.num_rows == 0:
+            return
+        offsets = batch.column("offset").to_numpy()
+        first = _row(batch, 0)
+        if not self._in_order(batch, first, offsets):
+            self._write_each(batch)
+            return
+        self._open_backup(first)
+        assert self.backup is not None
+        if self.parsed is not None and not self.parsed.write_encoded(batch, offsets):
+            self._write_each(batch)  # nothing of the batch was written yet
+            return
+        self.backup.avro.append_datums(batch.column("backup"), offsets)
+        self.records, self.last = self.records + batch.num_rows, _row(batch, batch.num_rows - 1)
+
+    def _write_each(self, batch: pa.RecordBatch) -> None:
+        for record in encoded_records(batch):
+            self.write(record)
+
+    def _in_order(self, batch: pa.RecordBatch, first: EncodedRecord, offsets: np.ndarray) -> bool:
+        """Whether `_check` would pass every record of the batch."""
+        topics, partitions = batch.column("topic"), batch.column("partition")
+        last = self.last
+        return (
+            topics.null_count == 0
+            and pc.all(pc.equal(topics, self.topic)).as_py()
+            and pc.all(pc.equal(partitions, first.partition)).as_py()
+            and (last is None or (first.partition == last.partition and first.offset > last.offset))
+            and bool(np.all(np.diff(offsets) > 0))
+        )
+
+    def _open_backup(self, first: KafkaRecord | EncodedRecord) -> None:
+        if self.backup is None:
+            key = backup_key(self.topic, self.cfg.generation, first.partition, first.offset)
+            meta = file_metadata(self.processing_time, attempt=self.attempt_id)
+            self.backup = self.files.open(key, "backup", first.partition, BACKUP_SCHEMA, meta)
+            if self.parsed is not None:
+                self.parsed.source = key
 
     def finish(self) -> PartitionResult:
         if self.backup is not None:
@@ -388,6 +527,20 @@ class _PartitionWriter:
             raise ValueError(f"partition {r.partition} after {last.partition}: one per call")
         if last is not None and r.offset <= last.offset:
             raise ValueError(f"partition {r.partition}: offset {r.offset} after {last.offset}")
+
+
+def _row(batch: pa.RecordBatch, index: int) -> EncodedRecord:
+    return EncodedRecord(*(batch.column(name)[index].as_py() for name in OUTPUT_COLUMNS))
+
+
+def _replaced(
+    datums: pa.Array, times: pa.Array, rows: dict[int, tuple[bytes, int | None]]
+) -> tuple[pa.Array, pa.Array]:
+    """The batch's datums and event times with those of `rows` replaced."""
+    datum_list, time_list = datums.to_pylist(), times.to_pylist()
+    for row, (datum, time) in rows.items():
+        datum_list[row], time_list[row] = datum, time
+    return pa.array(datum_list, pa.binary()), pa.array(time_list, pa.int64())
 
 
 def file_metadata(processing_time: datetime, **names: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from cairn import fastpath
 from cairn.config import TopicConfig, load_topics
 from cairn.storage import Storage
 from cairn.writer import KafkaRecord, PartitionResult, write_partition
-from spark_jobs.archive import encoded, records
+from spark_jobs.archive import encoded
 
 TOPIC, PARTITION = "diff.events", 2
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -226,7 +226,7 @@ def through_spark(spark, cfg: TopicConfig, rows: list[KafkaRecord], url: str) ->
     accepted = frame.where("datum IS NOT NULL").select("offset").collect()
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        result = write_partition(records(batches), cfg, Storage(url), NOW, "a-diff")
+        result = write_partition(batches, cfg, Storage(url), NOW, "a-diff")
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 
     (row,) = frame.mapInArrow(write, "result string").collect()

@@ -1,8 +1,11 @@
 import hashlib
 import io
 import json
+import random
 
 import fastavro
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from cairn.avro import (
@@ -173,3 +176,32 @@ def test_encoded_datums_and_dicts_make_the_same_file_as_fastavro(codec):
     writer.close()
     assert mixed.getvalue() == expected.getvalue()
     assert writer.stats.records == 600 and writer.stats.max_offset == 599
+
+
+@pytest.mark.parametrize("codec", ["deflate", "null"])
+def test_arrays_of_datums_fill_the_blocks_that_datums_one_by_one_fill(codec):
+    """Blocks are cut after the record that takes them to the interval, also when a record ends
+    exactly on it, whatever slices of an Arrow array the datums come in; stats follow."""
+    rng = random.Random(codec)
+    sizes = [rng.choice([0, 1, 7, 40, 99, 100]) for _ in range(3000)]
+    sizes[:4] = [50, 50, 100, 1]  # the first block ends exactly at the interval (100)
+    datums = [bytes([i % 256]) * n for i, n in enumerate(sizes)]
+    times = [None if i % 5 == 0 else 1_700_000_000_000 - i * 7 for i in range(len(datums))]
+    one_by_one, in_arrays = io.BytesIO(), io.BytesIO()
+    expected = AvroFileWriter(one_by_one, {"type": "bytes"}, codec, sync_interval=100, name="k")
+    for offset, (datum, at) in enumerate(zip(datums, times, strict=True)):
+        expected.append_datum(datum, offset, at)
+    expected.close()
+    writer = AvroFileWriter(in_arrays, {"type": "bytes"}, codec, sync_interval=100, name="k")
+    column, at_column, start = pa.array(datums, pa.binary()), pa.array(times, pa.int64()), 0
+    while start < len(datums):
+        stop = start + rng.choice([1, 2, 30, 500])
+        offsets = np.arange(start, min(stop, len(datums)))
+        writer.append_datums(column[start:stop], offsets, at_column[start:stop])
+        start = stop
+    writer.close()
+    assert in_arrays.getvalue() == one_by_one.getvalue()
+    assert writer.stats == expected.stats and expected.stats.min_event_time is not None
+    fresh = AvroFileWriter(io.BytesIO(), {"type": "bytes"}, codec)
+    with pytest.raises(ValueError, match="null datum"):
+        fresh.append_datums(pa.array([b"x", None], pa.binary()), np.arange(2))
