@@ -24,7 +24,6 @@ from cairn_airflow import (
     archive_dag_id,
     archive_deadline,
     check_health,
-    configured_topics,
     fail_fast,
     kafka_conf,
     notifier,
@@ -32,6 +31,7 @@ from cairn_airflow import (
     storage,
     topic_asset,
     topic_doc,
+    topics_to_build,
 )
 from cairn_priority import LAG_FIRST, remember_lag
 
@@ -152,5 +152,5 @@ def archive_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in configured_topics():
+for _cfg in topics_to_build(archive_dag_id):
     globals()[f"archive__{dag_safe(_cfg.topic)}"] = archive_dag(_cfg)

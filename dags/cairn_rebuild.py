@@ -20,12 +20,12 @@ from cairn.config import TopicConfig, dag_safe
 from cairn_airflow import (
     CairnSparkOperator,
     announce_dates,
-    configured_topics,
     fail_fast,
     rebuild_dag_id,
     storage,
     topic_asset,
     topic_doc,
+    topics_to_build,
 )
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,6 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in configured_topics():
+for _cfg in topics_to_build(rebuild_dag_id):
     if _cfg.parses:
         globals()[f"rebuild__{dag_safe(_cfg.topic)}"] = rebuild_dag(_cfg)

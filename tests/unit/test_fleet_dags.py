@@ -4,11 +4,15 @@ task is weighted by the lag its topic's last run left."""
 
 from __future__ import annotations
 
+import runpy
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from airflow.sdk import DAG
 
+import cairn_airflow
 import cairn_priority
 from cairn.config import TopicConfig, dag_safe
 from cairn.schedule import spread
@@ -109,3 +113,25 @@ def test_recording_the_lag_never_fails_a_run(monkeypatch):
     cairn_priority.remember_lag("orders.eu", 12.5)
     cairn_priority.remember_lag("orders.eu", None)  # unknown: the last figure stays
     assert written == [("cairn_time_lag.orders.eu", "12.5")]
+
+
+@pytest.mark.parametrize(
+    ("path", "dag_id"),
+    [("dags/cairn_archive.py", archive_dag_id), ("dags/cairn_rebuild.py", rebuild_dag_id)],
+)
+def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, dag_id):
+    """The DAG processor builds every topic's DAG; a task process (Airflow's parsing context
+    names its DAG) builds only its own, so a task's start does not grow with the fleet."""
+    fleet = [parsing(f"fleet.t{i:03d}") for i in range(30)]
+    monkeypatch.setattr(cairn_airflow, "configured_topics", lambda: fleet)
+    file = str(Path(__file__).resolve().parents[2] / path)
+
+    def built() -> set[str]:
+        return {v.dag_id for v in runpy.run_path(file).values() if isinstance(v, DAG)}
+
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    assert built() == {dag_id(cfg.topic) for cfg in fleet}
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id("fleet.t007"))
+    assert built() == {dag_id("fleet.t007")}
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "some_other_dag")
+    assert built() == set()
