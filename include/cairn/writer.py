@@ -490,7 +490,7 @@ class _PartitionWriter:
         topics, partitions = batch.column("topic"), batch.column("partition")
         last = self.last
         return (
-            topics.null_count == 0
+            topics.null_count == partitions.null_count == 0
             and pc.all(pc.equal(topics, self.topic)).as_py()
             and pc.all(pc.equal(partitions, first.partition)).as_py()
             and (last is None or (first.partition == last.partition and first.offset > last.offset))
