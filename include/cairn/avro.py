@@ -190,15 +190,11 @@ class AvroFileWriter:
             if cut < n:
                 self._dump()
             start = stop
-        s = self.stats
-        s.records += n
-        span = int(offsets.min()), int(offsets.max())
-        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, *span)
+        times = None
         if event_times is not None and event_times.null_count < n:
             low, high = (v.as_py() for v in pc.min_max(event_times).values())
-            s.min_event_time, s.max_event_time = _widen(
-                s.min_event_time, s.max_event_time, low, high
-            )
+            times = low, high
+        self._count_in(n, (int(offsets.min()), int(offsets.max())), times)
 
     def flush(self) -> None:
         """Write the buffered block out (the file stays valid Avro after each flush)."""
@@ -223,12 +219,18 @@ class AvroFileWriter:
         self._count += 1
         if self._block.tell() >= self._interval:
             self._dump()
+        self._count_in(1, (offset, offset), None if event_time is None else (event_time,) * 2)
+
+    def _count_in(
+        self, records: int, offsets: tuple[int, int], event_times: tuple[int, int] | None
+    ) -> None:
+        """Add `records` with these spans of offsets and event times to the file's stats."""
         s = self.stats
-        s.records += 1
-        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, offset, offset)
-        if event_time is not None:
+        s.records += records
+        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, *offsets)
+        if event_times is not None:
             s.min_event_time, s.max_event_time = _widen(
-                s.min_event_time, s.max_event_time, event_time, event_time
+                s.min_event_time, s.max_event_time, *event_times
             )
 
 

@@ -530,7 +530,7 @@ class _PartitionWriter:
 
 
 def _row(batch: pa.RecordBatch, index: int) -> EncodedRecord:
-    return EncodedRecord(*(batch.column(name)[index].as_py() for name in OUTPUT_COLUMNS))
+    return next(encoded_records(batch.slice(index, 1)))
 
 
 def _replaced(
