@@ -53,6 +53,10 @@ class StackSettings(BaseSettings):
     spark_pool_slots: int = 2
     """How many Spark jobs (archive and rebuild) run at once: the pool's slots, set at every
     start. 2 suits a 2-core machine; each job is a Spark driver and its executors."""
+    scheduler_idle_sleep: float = 0.2
+    """Seconds Airflow's scheduler sleeps after a loop that found nothing to do (its default is
+    1). Each task of a run waits up to that long to be scheduled after the one before it; at 0.2
+    a one-record run commits about 1.6 s sooner, for ~5% more of one core while idle."""
     airflow_dags_paused: bool = False
     """New DAGs start paused. The test stack sets it, so that no scheduled run starts before a
     test has created its topic (a run on a missing topic fails and retries for minutes)."""

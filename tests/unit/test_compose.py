@@ -354,3 +354,9 @@ def test_airflow_init_creates_the_spark_pool_the_tasks_run_in(services):
     for name in AIRFLOW_SERVICES:  # the tasks' CairnSparkOperator reads the same name
         assert env(services[name])["CAIRN_SPARK_POOL"] == ref("CAIRN_SPARK_POOL"), name
     assert DEFAULTS["spark_pool"] == "cairn_spark" and DEFAULTS["spark_pool_slots"] == 2
+
+
+def test_the_scheduler_sleeps_the_stacks_idle_sleep(services):
+    sleep = env(services["airflow-scheduler"])["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"]
+    assert sleep == ref("CAIRN_SCHEDULER_IDLE_SLEEP")
+    assert DEFAULTS["scheduler_idle_sleep"] == 0.2

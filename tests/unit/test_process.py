@@ -342,6 +342,16 @@ def test_the_stacks_spark_connection_is_spark_connect_unless_asked_to_spark_subm
     assert connection == {"conn_type": "spark", "host": "local[2]"}
 
 
+def test_the_scheduler_sleeps_the_settings_idle_sleep_not_airflows_second(tmp_path):
+    """Each task of a run waits up to one idle sleep to be scheduled: Airflow's 1 s default
+    would add seconds to every small run."""
+    settings = StackSettings(state_dir=tmp_path / "state")
+    env = services.airflow_env(settings)
+    assert env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] == "0.2"
+    slower = settings.model_copy(update={"scheduler_idle_sleep": 0.5})
+    assert services.airflow_env(slower)["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] == "0.5"
+
+
 @pytest.fixture
 def two_services(tmp_path, monkeypatch) -> tuple[Service, Service]:
     """`all_services` patched to a healthy `first` and a `second` that exits during start."""
