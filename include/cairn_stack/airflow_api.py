@@ -34,7 +34,8 @@ class AirflowAPI:
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as reply:
-                return json.load(reply)
+                text = reply.read()
+                return json.loads(text) if text else None  # DELETE answers 204, no body
         except urllib.error.HTTPError as err:
             raise RuntimeError(
                 f"Airflow API {method} {path}: {err.code} {err.read().decode()[:500]}"
