@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import PositiveFloat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ class StackSettings(BaseSettings):
     spark_pool_slots: int = 2
     """How many Spark jobs (archive and rebuild) run at once: the pool's slots, set at every
     start. 2 suits a 2-core machine; each job is a Spark driver and its executors."""
-    scheduler_idle_sleep: float = 0.2
+    scheduler_idle_sleep: PositiveFloat = 0.2
     """Seconds Airflow's scheduler sleeps after a loop that found nothing to do (its default is
     1). Each task of a run waits up to that long to be scheduled after the one before it; at 0.2
     a one-record run commits about 1.6 s sooner, for ~5% more of one core while idle."""

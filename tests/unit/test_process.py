@@ -350,6 +350,8 @@ def test_the_scheduler_sleeps_the_settings_idle_sleep_not_airflows_second(tmp_pa
     assert env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] == "0.2"
     slower = settings.model_copy(update={"scheduler_idle_sleep": 0.5})
     assert services.airflow_env(slower)["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] == "0.5"
+    with pytest.raises(ValueError, match="scheduler_idle_sleep"):  # 0 would spin a core
+        StackSettings(scheduler_idle_sleep=0)
 
 
 @pytest.fixture
