@@ -98,8 +98,9 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         f"try_variant_get(_whole, '$[1]', 'string') = '{nonce}'",
         "variant_get(_whole, '$[2]') IS NULL",
         f"is_valid_utf8({text})",
-        # instr first: the regex runs only on values with an escape at all
-        f"instr({text}, '\\\\u') = 0 OR NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
+        # contains first (a byte scan; instr counts characters): the regex runs only on values
+        # with an escape at all
+        f"NOT contains({text}, '\\\\u') OR NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
         f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'",  # the document is an object
         event_ok,
         *(_field_ok(f, _column(i)) for i, f in enumerate(fields)),
