@@ -55,6 +55,7 @@ from cairn.kafka_conf import KafkaConf, KafkaConfigError
 from cairn.plan import Plan
 from cairn.s3_access import connection_options
 from cairn.storage import OPTIONS_VARIABLE, Storage
+from cairn_connect import Connected, connect_session
 
 log = logging.getLogger(__name__)
 
@@ -202,76 +203,15 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def end_session(spark: Any) -> None:
-    """End a run's Spark Connect session: interrupt what still runs in it (a failed or timed-out
-    task), stop the Python worker daemon the server started for it, and release it.
-
-    Spark 4.0 keys a server's Python workers by session and never stops them (SPARK-54055): each
-    run would leave a daemon process (~50 MB) behind for as long as the server runs. A task of
-    the session asks its daemon (its parent, checked to be `pyspark.daemon`) to exit shortly
-    after the task has returned; the daemon then stops its idle workers. Best effort: nothing
-    here fails the run.
-    """
-
-    def stop_daemon(batches: Iterator[Any]) -> Iterator[Any]:
-        import os
-        import subprocess
-        import sys
-
-        parent = os.getppid()
-        try:
-            with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
-                is_daemon = b"pyspark.daemon" in cmdline.read()
-        except OSError:
-            is_daemon = False
-        if is_daemon:  # later, from outside the daemon's process group, once this task is done
-            later = f"import os, time; time.sleep(3); os.kill({parent}, 15)"
-            subprocess.Popen([sys.executable, "-c", later], start_new_session=True)
-        yield from batches
-
-    try:
-        spark.interruptAll()
-        spark.range(0, 1, 1, 1).mapInArrow(stop_daemon, "id long").collect()
-    except Exception as err:
-        log.warning("Spark Connect: the session's Python workers were not stopped: %s", err)
-    spark.stop()  # releases the session on the server: its settings, its files
-
-
-CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
-"""PySpark's mark of a whole process as Spark Connect, set by every remote session it starts."""
-
-
-@contextlib.contextmanager
-def connect_session(url: str) -> Iterator[Any]:
-    """A new session of the Spark Connect server at `url`, ended (`end_session`) after the block.
-
-    PySpark marks the process as Connect mode when it starts a remote session and never removes
-    the mark; a classic session used later in the same process (or a spark-submit it starts)
-    would then be sent to Connect and fail. The mark is put back as it was before the session.
-    """
-    from pyspark.sql import SparkSession
-
-    before = os.environ.get(CONNECT_MODE)
-    session = SparkSession.builder.remote(url).create()
-    try:
-        yield session
-    finally:
-        end_session(session)
-        if before is None:
-            os.environ.pop(CONNECT_MODE, None)
-        else:
-            os.environ[CONNECT_MODE] = before
-
-
 class CairnSparkOperator(SparkSubmitOperator):
     """Run one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
 
     The connection's type chooses how. A `spark_connect` connection (the Apache Spark
     provider's; host and port of a Spark Connect server) runs the job's `run` in this task on a
-    session of that long-lived server: no JVM starts per run. The session is the run's own (its
-    settings and functions are not shared) and is released when the task ends, however it
-    ends. A `spark` connection (a master URL) spark-submits the job's file instead, with the
-    same arguments and environment.
+    session of that long-lived server: no JVM starts per run, and runs share the server's Cairn
+    session with its warm Python workers (`cairn_connect`); a run's work is tagged, so killing
+    the task interrupts that run's work alone. A `spark` connection (a master URL)
+    spark-submits the job's file instead, with the same arguments and environment.
 
     `payload` (templated: the upstream task's XCom, a planned run or a rebuild selection) holds
     the attempt's claim; the job gets only the claim's key and reads the plan from storage, so
@@ -284,8 +224,8 @@ class CairnSparkOperator(SparkSubmitOperator):
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "payload")
-    _session: Any = None
-    """The run's Spark Connect session while its job runs (for `on_kill`)."""
+    _connected: Connected | None = None
+    """The run's hold on its Spark Connect session while its job runs (for `on_kill`)."""
 
     def __init__(self, *, job: str, topic: str, payload: Any, **kwargs: Any) -> None:
         super().__init__(
@@ -339,22 +279,22 @@ class CairnSparkOperator(SparkSubmitOperator):
             raise
 
     def run_connected(self) -> None:
-        """The job's `run` on a new session of the connection's Spark Connect server, with the
+        """The job's `run` on a session of the connection's Spark Connect server, with the
         arguments and environment spark-submit would get (the secrets stay in this process and
-        reach the server inside the session's plan, never on a command line)."""
+        reach the server inside the run's plan, never on a command line)."""
         job = spark_job(self.job)
         url = SparkConnectHook(self._conn_id).get_connection_url()
         log.info("%s job on the Spark Connect server %s", self.job, url.split("/;", 1)[0])
-        with environment(self.env_vars), fail_fast(), connect_session(url) as self._session:
+        with environment(self.env_vars), fail_fast(), connect_session(url) as self._connected:
             try:
-                log.info("%s", job.run(self._session, self.application_args))
+                log.info("%s", job.run(self._connected.session, self.application_args))
             finally:
-                self._session = None
+                self._connected = None
 
     def on_kill(self) -> None:
         """Interrupt the session's work on Spark Connect, or kill spark-submit if it started."""
-        if self._session is not None:
-            self._session.interruptAll()
+        if self._connected is not None:
+            self._connected.interrupt()
         elif self._hook is not None:
             super().on_kill()
 

@@ -111,11 +111,12 @@ def spark_connect(stack_settings: StackSettings) -> Iterator[str]:
 
 @pytest.fixture
 def connected(spark_connect: str):
-    """A session of its own on the Spark Connect server, released afterwards (as a run's is)."""
-    from cairn_airflow import connect_session
+    """A session on the Spark Connect server held as a run holds it (the server's shared Cairn
+    session), let go afterwards."""
+    from cairn_connect import connect_session
 
-    with connect_session(spark_connect) as session:
-        yield session
+    with connect_session(spark_connect) as connected:
+        yield connected.session
 
 
 @pytest.fixture(scope="session")

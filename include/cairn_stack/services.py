@@ -491,6 +491,10 @@ def _airflow_health(settings: StackSettings, component: str) -> bool:
 
 
 SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+SESSION_TIMEOUT = "7d"
+"""How long the server keeps an idle session: runs share one (`plugins/cairn_connect.py`), and
+a closed one is refused until the server restarts, so Spark's 60 minutes would send every run
+to a session of its own after a quiet hour."""
 
 
 def spark_connect(settings: StackSettings) -> Service:
@@ -508,6 +512,7 @@ def spark_connect(settings: StackSettings) -> Service:
         "spark.driver.bindAddress": host,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        "spark.connect.session.manager.defaultSessionTimeout": SESSION_TIMEOUT,
     }
     python = sys.executable
     return Service(

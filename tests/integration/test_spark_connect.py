@@ -1,22 +1,26 @@
 """The jobs on the long-lived Spark Connect server, as the Airflow task runs them when its Spark
-connection is a `spark_connect` one: the same `archive` and `rebuild` as under spark-submit, in
-a session of their own, with the Python functions run by the server's workers (which import
-`cairn`), the Arrow batch limits set per session, and no secret on the server's command line
-or in its environment."""
+connection is a `spark_connect` one: the same `archive` and `rebuild` as under spark-submit, on
+the server's shared Cairn session (its Python workers, which import `cairn`, stay warm between
+runs), each run's work tagged so that killing one run stops nothing else, a session of its own
+when the shared one is closed, and no secret on the server's command line or in its
+environment."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+import cairn_connect
 from cairn import tokens
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
-from cairn_airflow import CONNECT_MODE, connect_session, end_session
+from cairn_connect import CONNECT_MODE, Connected, connect_session, with_session_id
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.archive import ARROW_CONF
@@ -28,7 +32,7 @@ from tests.integration.test_secured_kafka import LABEL, WRONG_PASSWORD, changed,
 ARROW_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
-def test_archive_and_rebuild_run_in_a_session_of_their_own(
+def test_archive_and_rebuild_run_on_the_servers_shared_session(
     kafka, s3, connected, spark_connect, make_cfg, topic_name, stack_settings
 ) -> None:
     create_topic(kafka, topic_name, partitions=2)
@@ -39,20 +43,13 @@ def test_archive_and_rebuild_run_in_a_session_of_their_own(
     root = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/connect-{topic_name}"
     buggy = make_cfg(topic_name, "event_time: {field: sent_at, encoding: iso8601}\n", root)
     archiver = Archiver(connected, kafka, s3)
-    before = python_daemons(stack_settings)
 
     summary = archiver.run(buggy)
 
     assert summary.counts.read == summary.counts.backup == 20
     storage = archiver.storage(buggy)
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 10, 1: 10}))
-    # The job set its Arrow batch limits on its own session; another session keeps the defaults.
-    assert connected.conf.get(ARROW_RECORDS) == ARROW_CONF[ARROW_RECORDS]
-    other = SparkSession.builder.remote(spark_connect).create()
-    try:
-        assert other.conf.get(ARROW_RECORDS) != ARROW_CONF[ARROW_RECORDS]
-    finally:
-        other.stop()
+    assert connected.conf.get(ARROW_RECORDS) == ARROW_CONF[ARROW_RECORDS]  # set by the job
 
     fixed = make_cfg(topic_name, root=root)  # event_time: ts
     for day in (DAY, DAY + timedelta(days=1)):  # each date's backup files, one task each
@@ -62,11 +59,94 @@ def test_archive_and_rebuild_run_in_a_session_of_their_own(
     assert_exactly_once(contents, all_offsets({0: 10, 1: 10}))
     assert folders_of(contents) == {e: ts.strftime("dt=%Y-%m-%d/hr=%H") for e, ts in times.items()}
 
-    # The session's Python workers (a daemon of its own, Spark 4.0) go when the run ends, as the
-    # operator releases them: a long-lived server does not grow by a process per run.
-    ours = python_daemons(stack_settings) - before
-    assert ours, "the session's Python functions ran in no daemon of the server"
-    end_session(connected)  # the fixture's second call only warns
+    # The next run joins the same session (it sees the job's settings) and its Python workers:
+    # the server starts no daemon for it, and keeps the session's when the run lets go.
+    daemons = python_daemons(stack_settings)
+    assert daemons, "the runs' Python functions ran in no daemon of the server"
+    with connect_session(spark_connect) as again:
+        assert again.shared and again.session.conf.get(ARROW_RECORDS) == ARROW_CONF[ARROW_RECORDS]
+        ran = again.session.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long")
+        assert ran.count() == 2
+        assert python_daemons(stack_settings) == daemons
+    assert python_daemons(stack_settings) == daemons
+
+
+@pytest.fixture
+def connect_mode_kept():
+    """PySpark's process-wide Connect mark as it was, after a test that starts sessions outside
+    `connect_session` or two at once (later tests here run classic Spark)."""
+    before = os.environ.get(CONNECT_MODE)
+    yield
+    if before is None:
+        os.environ.pop(CONNECT_MODE, None)
+    else:
+        os.environ[CONNECT_MODE] = before
+
+
+def test_killing_a_run_interrupts_its_work_and_no_other_runs(
+    spark_connect, tmp_path, connect_mode_kept
+) -> None:
+    """Two runs at once on the shared session; `interrupt` (the operator's `on_kill`) of one
+    cancels its query while the other's, running beside it, finishes."""
+    held: dict[str, Connected] = {}
+    outcome: dict[str, object] = {}
+
+    def run(name: str, seconds: float) -> None:
+        marker = tmp_path / name
+
+        def sleep(batches):
+            import time
+
+            marker.touch()  # the task is running
+            time.sleep(seconds)
+            yield from batches
+
+        with connect_session(spark_connect) as connected:  # tags the work of this thread
+            held[name] = connected
+            try:
+                query = connected.session.range(0, 1, 1, 1).mapInArrow(sleep, "id long")
+                outcome[name] = query.count()
+            except Exception as err:
+                outcome[name] = err
+
+    threads = [
+        threading.Thread(target=run, args=("killed", 120)),
+        threading.Thread(target=run, args=("other", 8)),
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / n).exists() for n in ("killed", "other")):
+        assert time.monotonic() < deadline, "the two runs' tasks did not both start"
+        time.sleep(0.2)
+    held["killed"].interrupt()
+    for t in threads:
+        t.join(90)
+
+    assert held["killed"].shared and held["other"].shared
+    assert isinstance(outcome["killed"], Exception), outcome["killed"]
+    assert "OPERATION_CANCELED" in str(outcome["killed"]) or "cancel" in str(outcome["killed"])
+    assert outcome["other"] == 1
+
+
+def test_when_the_shared_session_is_closed_a_run_has_its_own_and_stops_its_workers(
+    spark_connect, stack_settings, monkeypatch, connect_mode_kept
+) -> None:
+    session_id = str(uuid.uuid4())
+    monkeypatch.setattr(cairn_connect, "shared_session_id", lambda: session_id)
+    closed = SparkSession.builder.remote(with_session_id(spark_connect, session_id)).create()
+    assert closed.range(2).count() == 2
+    closed.stop()  # released: the server refuses this id from now on, as after an idle timeout
+    before = python_daemons(stack_settings)
+
+    with connect_session(spark_connect) as own:
+        assert not own.shared
+        ran = own.session.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long")
+        assert ran.count() == 2
+        ours = python_daemons(stack_settings) - before
+        assert ours, "the session's Python functions ran in no daemon of its own"
+
+    # Spark 4.0 never stops a session's daemon (SPARK-54055); the run asks it to go.
     deadline = time.monotonic() + 30
     while python_daemons(stack_settings) & ours and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -134,8 +214,8 @@ def test_after_a_connect_session_the_process_still_runs_classic_spark(spark_conn
     """PySpark marks a process as Spark Connect for good once it starts a remote session; the
     mark goes with the session, so a later classic session (or a spark-submit this process
     starts) is not sent to Connect."""
-    with connect_session(spark_connect) as session:
-        assert session.range(3).count() == 3
+    with connect_session(spark_connect) as connected:
+        assert connected.session.range(3).count() == 3
     assert CONNECT_MODE not in os.environ
     rows = spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()
     assert sorted(r.id for r in rows) == [0, 1, 2, 3]

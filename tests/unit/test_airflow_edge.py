@@ -16,6 +16,7 @@ from cairn.manifest import VerificationFailed
 from cairn.plan import Plan, RetentionGap, TopicRecreated
 from cairn.tokens import RewindRefused
 from cairn_airflow import fail_fast, schema_registries
+from cairn_connect import Connected, shared_session_id
 from tests.unit.conftest import claim_next
 
 
@@ -55,14 +56,25 @@ def test_schema_registry_connections_become_client_configs(monkeypatch):
 
 
 class FakeSession:
+    """What the operator asks of a Spark Connect session, recorded."""
+
+    version = "4.0.0"
+
     def __init__(self, url: str, sessions: list) -> None:
-        self.url, self.stopped = url, False
+        self.url, self.stopped, self.released = url, False, False
+        self.tags: list[str] = []
+        self.interrupted: list[str] = []
+        self.release_session_on_close = True
         sessions.append(self)
 
     def stop(self) -> None:
-        self.stopped = True
+        self.stopped, self.released = True, self.release_session_on_close
 
-    def interruptAll(self) -> list:
+    def addTag(self, tag: str) -> None:
+        self.tags.append(tag)
+
+    def interruptTag(self, tag: str) -> list:
+        self.interrupted.append(tag)
         return []
 
 
@@ -132,14 +144,20 @@ def spark_op(monkeypatch, storage, tmp_path):
 CONNECT = {"conn_type": "spark_connect", "host": "sc://spark.example", "port": 15002}
 
 
-def test_a_spark_connect_connection_runs_the_job_in_the_task_on_a_session_of_its_own(spark_op):
+def test_a_spark_connect_connection_runs_the_job_in_the_task_on_the_servers_shared_session(
+    spark_op,
+):
     op, calls, claim = spark_op(CONNECT)
 
     op.execute({})
 
     assert not calls["submitted"]
     [session] = calls["sessions"]
-    assert session.url.startswith("sc://spark.example:15002") and session.stopped
+    assert session.url.startswith("sc://spark.example:15002/;")
+    assert session.url.endswith(f";session_id={shared_session_id()}")
+    # the run's work is tagged (and cleaned up by its tag); the session stays for the next run
+    [tag] = session.tags
+    assert session.interrupted == [tag] and session.stopped and not session.released
     [(spark, argv, env)] = calls["runs"]
     assert spark is session
     assert argv == ["--topic", "orders", "--claim", claim.key]  # as spark-submit would pass
@@ -165,7 +183,8 @@ def test_on_connect_a_permanent_error_fails_without_retries_and_releases_the_ses
 
     with pytest.raises(AirflowFailException, match="newer attempt"):
         op.execute({})
-    assert calls["sessions"][0].stopped
+    [session] = calls["sessions"]
+    assert session.stopped and session.interrupted == session.tags
 
 
 def test_on_connect_other_errors_stay_retryable_and_release_the_session(spark_op):
@@ -174,7 +193,8 @@ def test_on_connect_other_errors_stay_retryable_and_release_the_session(spark_op
 
     with pytest.raises(ConnectionError):
         op.execute({})
-    assert calls["sessions"][0].stopped
+    [session] = calls["sessions"]
+    assert session.stopped and session.interrupted == session.tags
 
 
 def test_on_connect_a_fenced_out_claim_or_an_empty_plan_starts_no_session(spark_op, storage):
@@ -188,11 +208,11 @@ def test_on_connect_a_fenced_out_claim_or_an_empty_plan_starts_no_session(spark_
     assert not calls["sessions"] and not calls["runs"] and not calls["submitted"]
 
 
-def test_killing_the_task_interrupts_the_sessions_work_and_touches_no_spark_submit(spark_op):
-    op, _, _ = spark_op(CONNECT)
+def test_killing_the_task_interrupts_its_runs_work_alone_and_touches_no_spark_submit(spark_op):
+    op, calls, _ = spark_op(CONNECT)
     op.on_kill()  # before any Spark work: nothing to stop, and no spark-submit hook is made
     assert op._hook is None
-    interrupted = []
-    op._session = SimpleNamespace(interruptAll=lambda: interrupted.append(True))
+    session = FakeSession("sc://spark.example:15002", calls["sessions"])
+    op._connected = Connected(session, "cairn-run-1", shared=True)
     op.on_kill()
-    assert interrupted == [True]
+    assert session.interrupted == ["cairn-run-1"]  # by the run's tag: other runs go on

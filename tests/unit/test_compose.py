@@ -16,7 +16,7 @@ import yaml
 from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
 from cairn.s3_access import S3Settings
-from cairn_stack.services import postgres_bin
+from cairn_stack.services import SESSION_TIMEOUT, postgres_bin
 from cairn_stack.settings import StackSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -309,6 +309,9 @@ def test_spark_connect_server_runs_cairn_on_the_cluster_with_the_kafka_connector
     assert f"spark.driver.host={server['hostname']}" in argv  # executors reach the driver
     assert "ports" not in server  # no authentication: reachable from containers only
     assert "./include:/opt/airflow/include" in server["volumes"]
+    # the shared session outlives a quiet hour, as on the local stack's server
+    timeout = f"spark.connect.session.manager.defaultSessionTimeout={SESSION_TIMEOUT}"
+    assert timeout in argv
 
 
 def test_airflow_login_comes_from_settings(services):

@@ -1,0 +1,161 @@
+"""How a run holds a Spark Connect session: it joins the server's one Cairn session, tags its
+work, and leaves the session open for the next run.
+
+A session per run cost every run about a second: Spark 4.0 starts a Python worker daemon per
+session, whose workers import `cairn` again, and never stops it (SPARK-54055). Runs of one
+shared session reuse its warm workers. The session's id is derived from the `cairn` code the
+workers import, so after an upgrade runs join a new session whose workers import the new code;
+the old one idles out. Each run tags its work (`addTag`), so a killed task interrupts its own
+work only, never another run's.
+
+A session the server has closed (released, or idle for longer than the server's
+`spark.connect.session.manager.defaultSessionTimeout`) is refused until the server restarts.
+A run then gets a session of its own, as before: it is released at the end and its daemon
+stopped. No Airflow here: the benchmarks run jobs exactly as the operator does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cairn
+
+log = logging.getLogger(__name__)
+
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+"""PySpark's mark of a whole process as Spark Connect, set by every remote session it starts."""
+
+SESSION_CLOSED = "INVALID_HANDLE.SESSION_CLOSED"
+_NAMESPACE = uuid.UUID("5f2c6f0e-4f7a-4d59-9a8e-0c2b9d6c1a47")
+
+
+def code_session_id(package: Path) -> str:
+    """A session id that is a digest of a package's source files: a change of code is a new
+    session, with new Python workers."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return str(uuid.uuid5(_NAMESPACE, digest.hexdigest()))
+
+
+@functools.cache
+def shared_session_id() -> str:
+    """The shared session's id, from the `cairn` code the server's Python workers import."""
+    return code_session_id(Path(cairn.__file__).parent)
+
+
+def with_session_id(url: str, session_id: str) -> str:
+    """`url` (`sc://host:port`, maybe with `/;key=value` parameters) naming this session."""
+    base, _, params = url.partition("/;")
+    kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+    return f"{base.rstrip('/')}/;{';'.join([*kept, f'session_id={session_id}'])}"
+
+
+@dataclass
+class Connected:
+    """A run's hold on a Spark Connect session: the session, the tag of the run's work on it,
+    and whether the session is the shared one (else the run's own)."""
+
+    session: Any
+    tag: str
+    shared: bool
+
+    def interrupt(self) -> None:
+        """Interrupt this run's work, and no other run's."""
+        self.session.interruptTag(self.tag)
+
+    def end(self) -> None:
+        """Interrupt what still runs of this run (a failed or timed-out task) and let go of the
+        session: the shared one stays open for the next run; a session of its own is released
+        and its Python worker daemon stopped. Best effort: nothing here fails the run."""
+        try:
+            self.interrupt()
+            if not self.shared:
+                stop_daemon(self.session)
+        except Exception as err:
+            log.warning("Spark Connect: the run's work was not cleaned up: %s", err)
+        self.session.release_session_on_close = not self.shared
+        self.session.stop()
+
+
+def stop_daemon(spark: Any) -> None:
+    """Stop the Python worker daemon the server started for this session (Spark 4.0 keys a
+    server's Python workers by session and never stops them, SPARK-54055: each session would
+    leave a daemon, ~50 MB, behind for as long as the server runs). A task of the session asks
+    its daemon (its parent, checked to be `pyspark.daemon`) to exit shortly after the task has
+    returned; the daemon then stops its idle workers."""
+
+    def ask_to_exit(batches: Iterator[Any]) -> Iterator[Any]:
+        import os
+        import subprocess
+        import sys
+
+        parent = os.getppid()
+        try:
+            with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
+                is_daemon = b"pyspark.daemon" in cmdline.read()
+        except OSError:
+            is_daemon = False
+        if is_daemon:  # later, from outside the daemon's process group, once this task is done
+            later = f"import os, time; time.sleep(3); os.kill({parent}, 15)"
+            subprocess.Popen([sys.executable, "-c", later], start_new_session=True)
+        yield from batches
+
+    spark.range(0, 1, 1, 1).mapInArrow(ask_to_exit, "id long").collect()
+
+
+def _join(url: str) -> tuple[Any, bool]:
+    """The shared session if the server still has it open, else a session of its own."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    session_id = shared_session_id()
+    session = SparkSession.builder.remote(with_session_id(url, session_id)).create()
+    try:
+        # the first call to the server: a closed session is refused here
+        log.info("Spark Connect: Spark %s, session %s", session.version, session_id)
+    except PySparkException as err:
+        if err.getCondition() != SESSION_CLOSED:
+            raise
+        session.release_session_on_close = False
+        session.stop()
+        log.warning(
+            "Spark Connect: the shared session %s is closed (idle past the server's "
+            "spark.connect.session.manager.defaultSessionTimeout?); this run uses a session "
+            "of its own, as every run will until the server restarts",
+            session_id,
+        )
+        return SparkSession.builder.remote(url).create(), False
+    return session, True
+
+
+@contextlib.contextmanager
+def connect_session(url: str) -> Iterator[Connected]:
+    """A session of the Spark Connect server at `url` for one run, let go (`Connected.end`)
+    after the block.
+
+    PySpark marks the process as Connect mode when it starts a remote session and never removes
+    the mark; a classic session used later in the same process (or a spark-submit it starts)
+    would then be sent to Connect and fail. The mark is put back as it was before the session.
+    """
+    before = os.environ.get(CONNECT_MODE)
+    session, shared = _join(url)
+    connected = Connected(session, f"cairn-run-{uuid.uuid4().hex}", shared)
+    session.addTag(connected.tag)
+    try:
+        yield connected
+    finally:
+        connected.end()
+        if before is None:
+            os.environ.pop(CONNECT_MODE, None)
+        else:
+            os.environ[CONNECT_MODE] = before
