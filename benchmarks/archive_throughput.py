@@ -128,6 +128,8 @@ class Result:
     mean_value_bytes: float
     produce_seconds: float
     spark_seconds: float
+    rounds_seconds: list[float]
+    """Every round's Spark job wall time, in order; the result is the fastest round."""
     records_per_second: float
     mb_per_second: float
     peak_processes: int
@@ -149,6 +151,8 @@ class PeerRun:
 
     name: str
     seconds: float
+    """The fastest of its rounds, as Cairn's result."""
+    rounds_seconds: list[float]
     records_per_second: float
     peak_rss_mb: int
     command: str
@@ -330,24 +334,22 @@ def spark_submit(
     return run_sampled(argv, log, timeout, label, env, Peaks(job=job), tasks, also)
 
 
-# The Airflow task's side of a Spark Connect run: the job's `run` on a new session.
+# The Airflow task's side of a Spark Connect run: the job's `run` on a session of the server,
+# held as the operator holds it (plugins/cairn_connect.py).
 CONNECT_CLIENT = """
 import sys
-from pyspark.sql import SparkSession
-sys.path.insert(0, {repo!r})
+sys.path[:0] = [{repo!r}, {plugins!r}]
+from cairn_connect import connect_session
 from spark_jobs.archive import run
-spark = SparkSession.builder.remote(sys.argv[2]).create()  # argv[1]: the job, for the sampler
-try:
-    print(run(spark, sys.argv[3:]))
-finally:
-    spark.stop()
+with connect_session(sys.argv[2]) as connected:  # argv[1]: the job, for the sampler
+    print(run(connected.session, sys.argv[3:]))
 """
 
 
 def connect_argv(url: str, planned: run.Planned, topics: Path) -> list[str]:
     """The job as the Airflow task runs it on a `spark_connect` connection (`archive.py` is in
     the command line so the sampler counts this process as the job's driver)."""
-    code = CONNECT_CLIENT.format(repo=str(REPO))
+    code = CONNECT_CLIENT.format(repo=str(REPO), plugins=str(REPO / "plugins"))
     job_args = ["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file"]
     return [sys.executable, "-c", code, str(JOB), url, *job_args, str(topics)]
 
@@ -432,10 +434,86 @@ def task_seconds(log: Path) -> list[float]:
 # --- the whole benchmark ---------------------------------------------------------------------
 
 
+@dataclass
+class Round:
+    """One whole archive run of the topic into its own archive root."""
+
+    planned: run.Planned
+    spark_seconds: float
+    peaks: Peaks
+    plan_clean_seconds: float
+    verify_seconds: float
+    commit_seconds: float
+    summary: run.Summary
+    storage: Storage
+    task_seconds: list[float]
+    load: list[float]
+    argv: list[str]
+
+
+Server = tuple[str, services.Service]
+"""A Spark Connect server's URL and service."""
+
+
+def archive_round(
+    args: argparse.Namespace, work: Path, topic: str, bootstrap: str, server: Server | None
+) -> Round:
+    """Plan, clean, the Spark job, verify and commit, as the archive DAG runs them, into a new
+    archive root under `work`; checks that the committed counts account for every record."""
+    work.mkdir()
+    topics = work / "topics.yaml"
+    cfg = topics_file(topics, topic, work / "archive", args.records)
+    storage = Storage(cfg.root.storage_url)
+    t = time.perf_counter()
+    planned = plan_and_clean(cfg, storage, bootstrap)
+    plan_clean_s = time.perf_counter() - t
+
+    tasks = len(planned.plan.to_read)
+    spark_log, also = work / "spark.log", ()
+    if server is not None:
+        url, service = server
+        argv, spark_log = connect_argv(url, planned, topics), service.log
+        also = (psutil.Process(service.pid()),)
+        tasks = 0  # the server's log counts the earlier runs' tasks too
+    else:
+        argv = spark_argv(planned, topics, args.driver_memory)
+    first_task = len(task_seconds(spark_log)) if spark_log.exists() else 0
+    load = [os.getloadavg()[0]]
+    spark_s, peaks = spark_submit(
+        argv, bootstrap, tasks, work / "spark.log", args.timeout, also=also
+    )
+    console.print(f"spark job finished in {spark_s:.1f}s")
+    load.append(os.getloadavg()[0])
+
+    with console.status("verifying"):
+        t = time.perf_counter()
+        report = run.verify_run(storage, planned)
+        verify_s = time.perf_counter() - t
+    with console.status("committing"):
+        t = time.perf_counter()
+        summary = run.commit_run(cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap))
+        commit_s = time.perf_counter() - t
+    c = summary.counts
+    if (c.read, c.backup, c.partitioned + c.quarantined) != (args.records,) * 3:
+        raise BenchError(f"committed counts {c} do not account for {args.records} records")
+    return Round(
+        planned=planned,
+        spark_seconds=spark_s,
+        peaks=peaks,
+        plan_clean_seconds=plan_clean_s,
+        verify_seconds=verify_s,
+        commit_seconds=commit_s,
+        summary=summary,
+        storage=storage,
+        task_seconds=task_seconds(spark_log)[first_task:],
+        load=load,
+        argv=argv,
+    )
+
+
 def benchmark(args: argparse.Namespace, work: Path) -> Result:
     notes: list[str] = []
     commit = git_commit()  # before the run: others may commit while it goes
-    load: list[float] = []
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap_servers or stack.enter_context(private_kafka(work / "stack"))
         topic = f"bench.events-{uuid.uuid4().hex[:8]}"
@@ -452,56 +530,29 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         if total != args.records:
             raise BenchError(f"{topic} holds {total} records, not {args.records}")
 
-        peers = run_peers(bootstrap, topic, args.records, work, args.timeout) if args.peers else []
+        peers = run_peers(bootstrap, topic, args, work) if args.peers else []
 
-        topics = work / "topics.yaml"
-        cfg = topics_file(topics, topic, work / "archive", args.records)
-        storage = Storage(cfg.root.storage_url)
-        t = time.perf_counter()
-        planned = plan_and_clean(cfg, storage, bootstrap)
-        plan_clean_s = time.perf_counter() - t
-
-        tasks = len(planned.plan.to_read)
-        spark_log, also = work / "spark.log", ()
+        server = None
         if args.connect:
-            url, server = stack.enter_context(private_connect(work / "connect"))
-            warm_up(url, bootstrap, work, args)
-            argv, spark_log = connect_argv(url, planned, topics), server.log
-            also = (psutil.Process(server.pid()),)
-            tasks = 0  # the server's log counts the warm-up's tasks too
+            server = stack.enter_context(private_connect(work / "connect"))
+            warm_up(server[0], bootstrap, work, args)
             notes.append(
-                "the server's RSS includes the warm-up session's Python worker daemon, which the "
-                "Airflow task stops when its session ends (plugins/cairn_airflow.end_session)"
+                "the warm-up and the measured runs join the server's shared Cairn session, as "
+                "the Airflow task's runs do (plugins/cairn_connect.py): its Python workers are "
+                "started and have imported cairn"
             )
-        else:
-            argv = spark_argv(planned, topics, args.driver_memory)
-        first_task = len(task_seconds(spark_log)) if spark_log.exists() else 0
-        load.append(os.getloadavg()[0])
-        spark_s, peaks = spark_submit(
-            argv, bootstrap, tasks, work / "spark.log", args.timeout, also=also
-        )
-        console.print(f"spark job finished in {spark_s:.1f}s")
-        load.append(os.getloadavg()[0])
-
-        with console.status("verifying"):
-            t = time.perf_counter()
-            report = run.verify_run(storage, planned)
-            verify_s = time.perf_counter() - t
-        with console.status("committing"):
-            t = time.perf_counter()
-            summary = run.commit_run(
-                cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap)
+        rounds = [
+            archive_round(args, work / f"round-{i + 1}", topic, bootstrap, server)
+            for i in range(args.rounds)
+        ]
+        best = min(rounds, key=lambda r: r.spark_seconds)
+        if best.summary.counts.quarantined:
+            notes.append(
+                f"{best.summary.counts.quarantined} records were quarantined (expected none)"
             )
-            commit_s = time.perf_counter() - t
-        c = summary.counts
-        if (c.read, c.backup, c.partitioned + c.quarantined) != (args.records,) * 3:
-            raise BenchError(f"committed counts {c} do not account for {args.records} records")
-        if c.quarantined:
-            notes.append(f"{c.quarantined} records were quarantined (expected none)")
-
-        attempt = manifest.load(storage, planned.manifest_key)
+        attempt = manifest.load(best.storage, best.planned.manifest_key)
         with console.status("summing value sizes from the backup files"):
-            value_bytes = backup_value_bytes(storage, attempt)
+            value_bytes = backup_value_bytes(best.storage, attempt)
 
     files: dict[str, int] = {"backup": 0, "partitioned": 0, "quarantine": 0}
     for entry in attempt.files:
@@ -514,11 +565,12 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             f"{DEFAULT_MAX_OPEN_FILES} folders open, so most records evict a file and start "
             "a new one"
         )
-    shown = [shlex.quote(a) for a in argv]
+    shown = [shlex.quote(a) for a in best.argv]
     if args.connect:
         shown[2] = "<the job's run() on a session of the server>"
     else:
-        shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
+        shown[best.argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
+    spark_s = best.spark_seconds
     return Result(
         spark_how=(
             "client start to exit, on a warm Spark Connect server, local[2]"
@@ -527,26 +579,29 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         ),
         records=args.records,
         partitions=args.partitions,
-        records_per_partition={p: end - start for p, (start, end) in planned.plan.to_read.items()},
+        records_per_partition={
+            p: end - start for p, (start, end) in best.planned.plan.to_read.items()
+        },
         value_bytes=value_bytes,
         mean_value_bytes=round(value_bytes / args.records, 1),
         produce_seconds=round(produce_s, 2),
         spark_seconds=round(spark_s, 2),
+        rounds_seconds=[round(r.spark_seconds, 2) for r in rounds],
         records_per_second=round(args.records / spark_s),
         mb_per_second=round(value_bytes / spark_s / 1e6, 3),
-        peak_processes=peaks.processes,
+        peak_processes=best.peaks.processes,
         files=files,
-        output_bytes=c.bytes,
-        task_seconds=task_seconds(spark_log)[first_task:],
-        plan_clean_seconds=round(plan_clean_s, 2),
-        verify_seconds=round(verify_s, 2),
-        commit_seconds=round(commit_s, 2),
+        output_bytes=best.summary.counts.bytes,
+        task_seconds=best.task_seconds,
+        plan_clean_seconds=round(best.plan_clean_seconds, 2),
+        verify_seconds=round(best.verify_seconds, 2),
+        commit_seconds=round(best.commit_seconds, 2),
         spread_hours=args.spread_hours,
         job=JobRun.finished(
-            peaks,
+            best.peaks,
             args,
             commit,
-            load,
+            best.load,
             f"CAIRN_BOOTSTRAP_SERVERS={bootstrap} " + " ".join(shown),
             notes,
         ),
@@ -567,36 +622,41 @@ def warm_up(url: str, bootstrap: str, work: Path, args: argparse.Namespace) -> N
     spark_submit(argv, bootstrap, 0, work / "warm.log", args.timeout, label="warming up")
 
 
-def run_peers(bootstrap: str, topic: str, records: int, work: Path, timeout: float) -> list:
+def run_peers(bootstrap: str, topic: str, args: argparse.Namespace, work: Path) -> list:
     """Kafka's ConsumerPerformance (the read ceiling) and the hand-written archiver
-    (`naive_archiver.py`), each reading the whole topic once."""
+    (`naive_archiver.py`, into a new folder each round), each reading the whole topic once a
+    round; each keeps its fastest round, as Cairn does."""
     jars = services.jars(StackSettings(), "kafka")
     perf = [
         *[services.java() or "java", "-Xmx512m", "-cp", f"{jars}/*"],
         "org.apache.kafka.tools.ConsumerPerformance",
-        *["--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records)],
+        *["--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(args.records)],
         *["--timeout", "60000"],
     ]
-    naive = [sys.executable, str(REPO / "benchmarks" / "naive_archiver.py")]
-    naive += [bootstrap, topic, str(work / "naive")]
+    naive = [sys.executable, str(REPO / "benchmarks" / "naive_archiver.py"), bootstrap, topic]
+    peers = [
+        ("Kafka ConsumerPerformance (read only)", lambda _: perf, "consumer-perf"),
+        ("hand-written archiver (naive_archiver.py)", lambda i: [*naive, f"naive-{i}"], "naive"),
+    ]
     found = []
-    for name, argv, log in [
-        ("Kafka ConsumerPerformance (read only)", perf, work / "consumer-perf.log"),
-        ("hand-written archiver (naive_archiver.py)", naive, work / "naive.log"),
-    ]:
-        seconds, peaks = run_sampled(argv, log, timeout, f"peer: {name}")
+    for name, argv, label in peers:
+        runs, log = [], work / f"{label}.log"
+        for i in range(1, args.rounds + 1):
+            runs.append(run_sampled(argv(i), log, args.timeout, f"peer: {name}"))
+            archived = re.search(r"archived (\d+) records", log.read_text())
+            if label == "naive" and (archived is None or int(archived.group(1)) != args.records):
+                raise BenchError(f"the hand-written archiver did not archive all; see {log}")
+        seconds, peaks = min(runs, key=lambda r: r[0])
         found.append(
             PeerRun(
                 name=name,
                 seconds=round(seconds, 2),
-                records_per_second=round(records / seconds),
+                rounds_seconds=[round(s, 2) for s, _ in runs],
+                records_per_second=round(args.records / seconds),
                 peak_rss_mb=round(peaks.total / 2**20),
-                command=" ".join(shlex.quote(a) for a in argv),
+                command=shlex.join(argv(1)),
             )
         )
-    archived = re.search(r"archived (\d+) records", (work / "naive.log").read_text())
-    if archived is None or int(archived.group(1)) != records:
-        raise BenchError(f"the hand-written archiver did not archive {records}; see naive.log")
     return found
 
 
@@ -676,6 +736,7 @@ def print_result(r: Result) -> None:
         ("produce time", f"{r.produce_seconds:.1f} s (ProducerPerformance, not part of below)"),
         ("plan + clean", f"{r.plan_clean_seconds:.2f} s"),
         ("Spark job wall", f"{r.spark_seconds:.1f} s ({r.spark_how})"),
+        ("rounds", ", ".join(f"{s:.1f}" for s in r.rounds_seconds) + " s (the fastest counts)"),
         ("throughput", f"{r.records_per_second:,} records/s, {r.mb_per_second:.2f} MB/s"),
         ("Spark tasks", f"{tasks} s (in finishing order)"),
         ("peak RSS total", f"{r.job.peak_rss_total_mb:,} MB ({r.peak_processes} processes)"),
@@ -694,7 +755,8 @@ def print_result(r: Result) -> None:
             (
                 peer.name,
                 f"{peer.records_per_second:,} records/s, "
-                f"{r.value_bytes / peer.seconds / 1e6:.2f} MB/s, {peer.seconds:.1f} s, "
+                f"{r.value_bytes / peer.seconds / 1e6:.2f} MB/s, {peer.seconds:.1f} s "
+                f"(rounds {', '.join(f'{s:.1f}' for s in peer.rounds_seconds)}), "
                 f"peak RSS {peer.peak_rss_mb:,} MB",
             ),
             (
@@ -732,6 +794,14 @@ def parse_args() -> argparse.Namespace:
         "--peers",
         action="store_true",
         help="first run Kafka's ConsumerPerformance and the hand-written archiver on the topic",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="archive the topic this many times (each run into a new archive root; with "
+        "--connect, on the same server), and run each peer as many times; each reports its "
+        "fastest round",
     )
     add_common_options(parser)
     return parser.parse_args()
