@@ -148,13 +148,15 @@ def connect_session(url: str) -> Iterator[Connected]:
     would then be sent to Connect and fail. The mark is put back as it was before the session.
     """
     before = os.environ.get(CONNECT_MODE)
-    session, shared = _join(url)
-    connected = Connected(session, f"cairn-run-{uuid.uuid4().hex}", shared)
-    session.addTag(connected.tag)
     try:
-        yield connected
+        session, shared = _join(url)
+        connected = Connected(session, f"cairn-run-{uuid.uuid4().hex}", shared)
+        session.addTag(connected.tag)
+        try:
+            yield connected
+        finally:
+            connected.end()
     finally:
-        connected.end()
         if before is None:
             os.environ.pop(CONNECT_MODE, None)
         else:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import uuid
 
-from cairn_connect import code_session_id, with_session_id
+import pytest
+
+from cairn_connect import CONNECT_MODE, code_session_id, connect_session, with_session_id
 
 
 def test_the_shared_session_is_named_by_the_code_so_an_upgrade_gets_new_workers(tmp_path):
@@ -34,3 +36,35 @@ def test_the_session_id_joins_whatever_parameters_the_url_has():
     )
     old = "sc://h:15002/;session_id=0b7e1c52-8d7e-4c55-9d55-3d1f0c1d2a77;user_id=u"
     assert with_session_id(old, sid) == f"sc://h:15002/;user_id=u;session_id={sid}"
+
+
+def test_an_unreachable_server_fails_the_run_and_puts_the_connect_mark_back(monkeypatch):
+    import os
+
+    import pyspark.sql
+
+    class Unreachable:
+        release_session_on_close = True
+
+        def __init__(self) -> None:
+            os.environ[CONNECT_MODE] = "1"  # as PySpark does for every remote session
+
+        @property
+        def version(self) -> str:
+            raise ConnectionError("Spark Connect server not reachable")
+
+        def stop(self) -> None:
+            pass
+
+    class Builder:
+        def remote(self, url: str) -> Builder:
+            return self
+
+        def create(self) -> Unreachable:
+            return Unreachable()
+
+    monkeypatch.delenv(CONNECT_MODE, raising=False)
+    monkeypatch.setattr(pyspark.sql.SparkSession, "builder", Builder())
+    with pytest.raises(ConnectionError), connect_session("sc://nowhere:15002"):
+        pass
+    assert CONNECT_MODE not in os.environ
