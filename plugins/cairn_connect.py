@@ -6,7 +6,8 @@ session, whose workers import `cairn` again, and never stops it (SPARK-54055). R
 shared session reuse its warm workers. The session's id is derived from the `cairn` code the
 workers import, so after an upgrade runs join a new session whose workers import the new code;
 the old one idles out. Each run tags its work (`addTag`), so a killed task interrupts its own
-work only, never another run's.
+work only, never another run's. Runs also share the session's SQL settings: a job may set only
+settings every run wants alike (the archive job's Arrow batch limits).
 
 A session the server has closed (released, or idle for longer than the server's
 `spark.connect.session.manager.defaultSessionTimeout`) is refused until the server restarts.
