@@ -140,16 +140,28 @@ def _join(url: str) -> tuple[Any, bool]:
 
 
 @contextlib.contextmanager
-def connect_session(url: str) -> Iterator[Connected]:
-    """A session of the Spark Connect server at `url` for one run, let go (`Connected.end`)
-    after the block.
+def connect_mark_kept() -> Iterator[None]:
+    """PySpark's Connect mark put back as it was after the block.
 
     PySpark marks the process as Connect mode when it starts a remote session and never removes
     the mark; a classic session used later in the same process (or a spark-submit it starts)
-    would then be sent to Connect and fail. The mark is put back as it was before the session.
+    would then be sent to Connect and fail.
     """
     before = os.environ.get(CONNECT_MODE)
     try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CONNECT_MODE, None)
+        else:
+            os.environ[CONNECT_MODE] = before
+
+
+@contextlib.contextmanager
+def connect_session(url: str) -> Iterator[Connected]:
+    """A session of the Spark Connect server at `url` for one run, let go (`Connected.end`)
+    after the block, with the process's Connect mark put back (`connect_mark_kept`)."""
+    with connect_mark_kept():
         session, shared = _join(url)
         connected = Connected(session, f"cairn-run-{uuid.uuid4().hex}", shared)
         session.addTag(connected.tag)
@@ -157,8 +169,3 @@ def connect_session(url: str) -> Iterator[Connected]:
             yield connected
         finally:
             connected.end()
-    finally:
-        if before is None:
-            os.environ.pop(CONNECT_MODE, None)
-        else:
-            os.environ[CONNECT_MODE] = before

@@ -20,7 +20,13 @@ from pyspark.sql import SparkSession
 import cairn_connect
 from cairn import tokens
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
-from cairn_connect import CONNECT_MODE, Connected, connect_session, with_session_id
+from cairn_connect import (
+    CONNECT_MODE,
+    Connected,
+    connect_mark_kept,
+    connect_session,
+    with_session_id,
+)
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.archive import ARROW_CONF
@@ -75,12 +81,8 @@ def test_archive_and_rebuild_run_on_the_servers_shared_session(
 def connect_mode_kept():
     """PySpark's process-wide Connect mark as it was, after a test that starts sessions outside
     `connect_session` or two at once (later tests here run classic Spark)."""
-    before = os.environ.get(CONNECT_MODE)
-    yield
-    if before is None:
-        os.environ.pop(CONNECT_MODE, None)
-    else:
-        os.environ[CONNECT_MODE] = before
+    with connect_mark_kept():
+        yield
 
 
 def test_killing_a_run_interrupts_its_work_and_no_other_runs(
