@@ -10,8 +10,9 @@ equal...) to the reference, which parses or quarantines it. `tests/integration/t
 proves over a generated corpus that both paths write byte-identical files.
 
 How a value is judged (JSON text → Spark VARIANT, Spark 4.0):
-- `try_parse_json('[' || value || ',"<nonce>"]')`: the value is exactly one JSON document (the
-  parser ignores text after the first one; the random closing element proves it reached the
+- `try_parse_json('[' || value || ',{"<nonce>":0}]')`: the value is exactly one JSON document
+  (the parser ignores text after the first one; the array's second element holding the nonce,
+  random per job so no value holds it, proves the value was one element and parsing reached the
   end), with no duplicate keys; plus valid UTF-8 and no `\\uD8xx`-style escapes (Python and Java
   decode lone surrogates differently);
 - each schema field is absent with a default, JSON null in a nullable field, or of the variant
@@ -77,8 +78,9 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
 
     `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
     JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
-    values (`_whole`, each field `_field<i>`, `_time`, `_time_text`, `_event`) are named
-    columns, so each is computed once a record.
+    values (`_whole`, each field's variant `_field<i>` and value `_value<i>`, `_time`,
+    `_time_value`, `_event`) are named columns, so each is computed once a record: looking a key
+    up and reading a typed value out of a variant are the costly steps.
     """
     coords = [
         "topic",
@@ -95,17 +97,16 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
     event, event_ok = _event_time(topic)
     fields = (topic.user_schema or {})["fields"]
     checks = [
-        f"try_variant_get(_whole, '$[1]', 'string') = '{nonce}'",
-        "variant_get(_whole, '$[2]') IS NULL",
+        f"variant_get(_whole, '$[1].{nonce}') IS NOT NULL",
         f"is_valid_utf8({text})",
         # contains first (a byte scan; instr counts characters): the regex runs only on values
         # with an escape at all
         f"NOT contains({text}, '\\\\u') OR NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
         f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'",  # the document is an object
         event_ok,
-        *(_field_ok(f, _column(i)) for i, f in enumerate(fields)),
+        *(_field_ok(f, _column(i), _value(i)) for i, f in enumerate(fields)),
     ]
-    record = [f"'{f['name']}', {_field_value(f, _column(i))}" for i, f in enumerate(fields)]
+    record = [f"'{f['name']}', {_value(i)}" for i, f in enumerate(fields)]
     record += [
         "'_kafka_partition', partition",
         "'_kafka_offset', offset",
@@ -115,16 +116,20 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
     datum = _to_avro(f"named_struct({', '.join(record)})", output_schema(topic.user_schema or {}))
     accepted = f"coalesce({' AND '.join(f'({c})' for c in checks)}, false)"
     return [
-        ["*", f"try_parse_json(concat('[', {text}, ',\"{nonce}\"]')) AS _whole"],
+        ["*", f"try_parse_json(concat('[', {text}, ',{{\"{nonce}\":0}}]')) AS _whole"],
         [
             "*",
             *(
                 f"variant_get(_whole, '$[0].{f['name']}') AS {_column(i)}"
                 for i, f in enumerate(fields)
             ),
+        ],
+        [
+            "*",
+            *(f"{_field_value(f, _column(i))} AS {_value(i)}" for i, f in enumerate(fields)),
             f"{_time_path(topic)} AS _time",
         ],
-        ["*", f"{_time_text(topic)} AS _time_text"],
+        ["*", f"{_time_value(topic)} AS _time_value"],
         ["*", f"{event} AS _event"],
         ["*", f"{accepted} AS _accepted"],
         [
@@ -170,14 +175,15 @@ def _primitive(schema: Any) -> str | None:
     return schema if isinstance(schema, str) else None
 
 
-def _field_ok(field: dict[str, Any], v: str) -> str:
-    """Whether field `field` (its value: column `v`, a variant) is one the reference accepts."""
+def _field_ok(field: dict[str, Any], v: str, value: str) -> str:
+    """Whether field `field` (column `v` holds it as a variant, `value` as `_field_value`) is one
+    the reference accepts."""
     kind, nullable = _field_type(field)  # type: ignore[misc]
     absent = "true" if "default" in field and _fits(field["default"], kind, nullable) else "false"
     null = "true" if nullable else "false"
     return (
         f"CASE WHEN {v} IS NULL THEN {absent} WHEN is_variant_null({v}) THEN {null} "
-        f"ELSE {_TYPE_CHECKS[kind].format(v=v)} END"
+        f"ELSE {_TYPE_CHECKS[kind].format(v=v, value=value)} END"
     )
 
 
@@ -195,20 +201,18 @@ def _field_value(field: dict[str, Any], v: str) -> str:
     )
 
 
-# What Python's validation accepts, as the variant types that prove it (`{v}`: the field).
-# A DECIMAL zero is left out for doubles: "-0.0" parses to a decimal without its sign.
+# What Python's validation accepts, as the variant types that prove it (`{v}`: the field,
+# `{value}`: its value as written, null where an int does not fit). A DECIMAL zero is left out
+# for doubles: "-0.0" parses to a decimal without its sign.
 _TYPE_CHECKS = {
     "string": "schema_of_variant({v}) = 'STRING'",
     "boolean": "schema_of_variant({v}) = 'BOOLEAN'",
     "long": f"schema_of_variant({{v}}) IN {_INTEGERS}",
-    "int": (
-        f"schema_of_variant({{v}}) IN {_INTEGERS} AND "
-        f"try_variant_get({{v}}, '$', 'bigint') BETWEEN {_INT32[0]} AND {_INT32[1]}"
-    ),
+    "int": f"schema_of_variant({{v}}) IN {_INTEGERS} AND {{value}} IS NOT NULL",
     "double": (
         f"schema_of_variant({{v}}) IN {_INTEGERS} OR (schema_of_variant({{v}}) = 'DOUBLE' AND "
-        "abs(try_variant_get({v}, '$', 'double')) < double('Infinity')) OR "
-        "(schema_of_variant({v}) LIKE 'DECIMAL%' AND try_variant_get({v}, '$', 'double') != 0)"
+        "abs({value}) < double('Infinity')) OR "
+        "(schema_of_variant({v}) LIKE 'DECIMAL%' AND {value} != 0)"
     ),
 }
 
@@ -243,17 +247,43 @@ def _column(index: int) -> str:
     return f"_field{index}"
 
 
+def _value(index: int) -> str:
+    """The column holding the schema's field `index` as written (`_field_value`)."""
+    return f"_value{index}"
+
+
+def _time_field(topic: Topic) -> int | None:
+    """The index of the schema field that is the event time field, if one is."""
+    names = [f["name"] for f in (topic.user_schema or {})["fields"]]
+    spec = topic.event_time
+    return names.index(spec.field) if spec is not None and spec.field in names else None
+
+
 def _time_path(topic: Topic) -> str:
+    """The event time field as a variant: a schema field's own column when it is one."""
     spec = topic.event_time
-    return "CAST(NULL AS VARIANT)" if spec is None else f"variant_get(_whole, '$[0].{spec.field}')"
+    if spec is None:
+        return "CAST(NULL AS VARIANT)"
+    field = _time_field(topic)
+    return f"variant_get(_whole, '$[0].{spec.field}')" if field is None else _column(field)
 
 
-def _time_text(topic: Topic) -> str:
-    """The event time field as text, once a record (`_event` and its check both read it)."""
+def _time_value(topic: Topic) -> str:
+    """The event time field as text (iso8601) or an integer (epoch encodings): a schema field's
+    value column when the field is one of that kind (its type check and the event time's
+    reject the record where the field is absent or null), else read from the variant."""
     spec = topic.event_time
-    if spec is None or spec.encoding != "iso8601":
+    if spec is None:
         return "CAST(NULL AS STRING)"
-    return "try_variant_get(_time, '$', 'string')"
+    sql, kinds = (
+        ("string", {"string"}) if spec.encoding == "iso8601" else ("bigint", {"int", "long"})
+    )
+    field = _time_field(topic)
+    if field is not None:
+        kind, _ = _field_type((topic.user_schema or {})["fields"][field])  # type: ignore[misc]
+        if kind in kinds:
+            return f"CAST({_value(field)} AS {sql})"
+    return f"try_variant_get(_time, '$', '{sql}')"
 
 
 def _event_time(topic: Topic) -> tuple[str, str]:
@@ -262,16 +292,12 @@ def _event_time(topic: Topic) -> tuple[str, str]:
     spec = topic.event_time
     if spec is None:
         return "CAST(NULL AS BIGINT)", "true"
-    v = "_time"
     if spec.encoding == "iso8601":
-        millis = "unix_millis(try_cast(_time_text AS TIMESTAMP))"
-        check = f"schema_of_variant({v}) = 'STRING' AND _time_text RLIKE '{_ISO}'"
+        millis = "unix_millis(try_cast(_time_value AS TIMESTAMP))"
+        check = f"schema_of_variant(_time) = 'STRING' AND _time_value RLIKE '{_ISO}'"
     else:
         scale = 1000 if spec.encoding == "epoch_seconds" else 1
-        millis = f"try_multiply(try_variant_get({v}, '$', 'bigint'), {scale})"
+        millis = f"try_multiply(_time_value, {scale})"
         low, high = -(-MIN_EVENT_MS // scale), MAX_EVENT_MS // scale
-        check = (
-            f"schema_of_variant({v}) IN {_INTEGERS} AND "
-            f"try_variant_get({v}, '$', 'bigint') BETWEEN {low} AND {high}"
-        )
+        check = f"schema_of_variant(_time) IN {_INTEGERS} AND _time_value BETWEEN {low} AND {high}"
     return millis, f"{check} AND _event BETWEEN {MIN_EVENT_MS} AND {MAX_EVENT_MS}"
