@@ -404,7 +404,8 @@ def run_sampled(
                     completed=_finished_tasks(log) if tasks else 0,
                     description=f"{label} rss {rss / 2**20:,.0f} MB",
                 )
-                time.sleep(SAMPLE_EVERY)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(SAMPLE_EVERY)  # returns at the exit, not up to a sample later
         finally:
             if proc.poll() is None:  # timeout or Ctrl-C: stop the job we started, all of it
                 with contextlib.suppress(ProcessLookupError):
