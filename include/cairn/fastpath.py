@@ -104,7 +104,7 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         f"NOT contains({text}, '\\\\u') OR NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
         f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'",  # the document is an object
         event_ok,
-        *(_field_ok(f, _column(i), _value(i)) for i, f in enumerate(fields)),
+        *(_field_ok(f, i) for i, f in enumerate(fields)),
     ]
     record = [f"'{f['name']}', {_value(i)}" for i, f in enumerate(fields)]
     record += [
@@ -117,16 +117,10 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
     accepted = f"coalesce({' AND '.join(f'({c})' for c in checks)}, false)"
     return [
         ["*", f"try_parse_json(concat('[', {text}, ',{{\"{nonce}\":0}}]')) AS _whole"],
+        ["*", *(f"{_field_column(f)} AS {_column(i)}" for i, f in enumerate(fields))],
         [
             "*",
-            *(
-                f"variant_get(_whole, '$[0].{f['name']}') AS {_column(i)}"
-                for i, f in enumerate(fields)
-            ),
-        ],
-        [
-            "*",
-            *(f"{_field_value(f, _column(i))} AS {_value(i)}" for i, f in enumerate(fields)),
+            *(f"{_field_value(f, i)} AS {_value(i)}" for i, f in enumerate(fields)),
             f"{_time_path(topic)} AS _time",
         ],
         ["*", f"{_time_value(topic)} AS _time_value"],
@@ -175,22 +169,51 @@ def _primitive(schema: Any) -> str | None:
     return schema if isinstance(schema, str) else None
 
 
-def _field_ok(field: dict[str, Any], v: str, value: str) -> str:
-    """Whether field `field` (column `v` holds it as a variant, `value` as `_field_value`) is one
-    the reference accepts."""
+def _field_column(field: dict[str, Any]) -> str:
+    """What `_column` holds for the field: a string field's UTF-8 bytes when it is a string (null
+    when absent, null or of another type: one lookup and one typed read for the common case),
+    any other field as a variant (null: absent)."""
+    if _field_type(field)[0] == "string":  # type: ignore[index]
+        return f"try_variant_get(_whole, '$[0].{field['name']}', 'binary')"
+    return _lookup(field)
+
+
+def _lookup(field: dict[str, Any]) -> str:
+    """The field as a variant, looked up in the document (null: absent)."""
+    return f"variant_get(_whole, '$[0].{field['name']}')"
+
+
+def _field_ok(field: dict[str, Any], index: int) -> str:
+    """Whether the schema's field `index` is one the reference accepts. A string field is looked
+    up again as a variant only when it is not a string (absent, null or of another type)."""
     kind, nullable = _field_type(field)  # type: ignore[misc]
     absent = "true" if "default" in field and _fits(field["default"], kind, nullable) else "false"
     null = "true" if nullable else "false"
+    column = _column(index)
+    if kind == "string":
+        v = _lookup(field)
+        typed = f"WHEN {column} IS NOT NULL THEN true "
+        otherwise = "false"
+    else:
+        v, typed = column, ""
+        otherwise = _TYPE_CHECKS[kind].format(v=v, value=_value(index))
     return (
-        f"CASE WHEN {v} IS NULL THEN {absent} WHEN is_variant_null({v}) THEN {null} "
-        f"ELSE {_TYPE_CHECKS[kind].format(v=v, value=value)} END"
+        f"CASE {typed}WHEN {v} IS NULL THEN {absent} WHEN is_variant_null({v}) THEN {null} "
+        f"ELSE {otherwise} END"
     )
 
 
-def _field_value(field: dict[str, Any], v: str) -> str:
+def _field_value(field: dict[str, Any], index: int) -> str:
+    """The field's value as written: its default when absent, null when JSON null."""
     kind, _ = _field_type(field)  # type: ignore[misc]
     sql = _SQL_TYPES[kind]
     default = _default(field.get("default"), kind) if "default" in field else "NULL"
+    v = _column(index)
+    if kind == "string":
+        return (
+            f"CASE WHEN {v} IS NOT NULL THEN CAST({v} AS STRING) "
+            f"WHEN {_lookup(field)} IS NULL THEN CAST({default} AS STRING) END"
+        )
     if kind == "double":  # through Java's correctly rounded parser, as Python's float()
         value = f"try_cast(try_variant_get({v}, '$', 'string') AS DOUBLE)"
     else:
@@ -202,10 +225,10 @@ def _field_value(field: dict[str, Any], v: str) -> str:
 
 
 # What Python's validation accepts, as the variant types that prove it (`{v}`: the field,
-# `{value}`: its value as written, null where an int does not fit). A DECIMAL zero is left out
-# for doubles: "-0.0" parses to a decimal without its sign.
+# `{value}`: its value as written, null where an int does not fit; a string field's check is
+# its column, see `_field_column`). A DECIMAL zero is left out for doubles: "-0.0" parses to a
+# decimal without its sign.
 _TYPE_CHECKS = {
-    "string": "schema_of_variant({v}) = 'STRING'",
     "boolean": "schema_of_variant({v}) = 'BOOLEAN'",
     "long": f"schema_of_variant({{v}}) IN {_INTEGERS}",
     "int": f"schema_of_variant({{v}}) IN {_INTEGERS} AND {{value}} IS NOT NULL",
@@ -243,7 +266,7 @@ def _default(default: Any, kind: str) -> str:
 
 
 def _column(index: int) -> str:
-    """The column holding the schema's field `index` as a variant (null: absent)."""
+    """The column holding the schema's field `index` as `_field_column` reads it."""
     return f"_field{index}"
 
 
@@ -260,30 +283,41 @@ def _time_field(topic: Topic) -> int | None:
 
 
 def _time_path(topic: Topic) -> str:
-    """The event time field as a variant: a schema field's own column when it is one."""
+    """The event time field as a variant (epoch encodings): a schema field's own column when it
+    holds one."""
     spec = topic.event_time
-    if spec is None:
+    if spec is None or spec.encoding == "iso8601":
         return "CAST(NULL AS VARIANT)"
     field = _time_field(topic)
-    return f"variant_get(_whole, '$[0].{spec.field}')" if field is None else _column(field)
+    if field is not None and _time_kind(topic) != "string":
+        return _column(field)
+    return f"variant_get(_whole, '$[0].{spec.field}')"
 
 
 def _time_value(topic: Topic) -> str:
-    """The event time field as text (iso8601) or an integer (epoch encodings): a schema field's
-    value column when the field is one of that kind (its type check and the event time's
-    reject the record where the field is absent or null), else read from the variant."""
+    """The event time field as text (iso8601: null unless it is a string) or an integer (epoch
+    encodings): a schema field's column when the field is one of that kind (its type check and
+    the event time's reject the record where it is absent or null), else read from the
+    document."""
     spec = topic.event_time
     if spec is None:
         return "CAST(NULL AS STRING)"
-    sql, kinds = (
-        ("string", {"string"}) if spec.encoding == "iso8601" else ("bigint", {"int", "long"})
-    )
+    field, kind = _time_field(topic), _time_kind(topic)
+    if spec.encoding == "iso8601":
+        if kind == "string":
+            return f"CAST({_column(field)} AS STRING)"  # type: ignore[arg-type]
+        return f"CAST(try_variant_get(_whole, '$[0].{spec.field}', 'binary') AS STRING)"
+    if kind in ("int", "long"):
+        return f"CAST({_value(field)} AS BIGINT)"  # type: ignore[arg-type]
+    return "try_variant_get(_time, '$', 'bigint')"
+
+
+def _time_kind(topic: Topic) -> str | None:
+    """The primitive type of the schema field that is the event time field, if one is."""
     field = _time_field(topic)
-    if field is not None:
-        kind, _ = _field_type((topic.user_schema or {})["fields"][field])  # type: ignore[misc]
-        if kind in kinds:
-            return f"CAST({_value(field)} AS {sql})"
-    return f"try_variant_get(_time, '$', '{sql}')"
+    if field is None:
+        return None
+    return _field_type((topic.user_schema or {})["fields"][field])[0]  # type: ignore[index]
 
 
 def _event_time(topic: Topic) -> tuple[str, str]:
@@ -294,7 +328,7 @@ def _event_time(topic: Topic) -> tuple[str, str]:
         return "CAST(NULL AS BIGINT)", "true"
     if spec.encoding == "iso8601":
         millis = "unix_millis(try_cast(_time_value AS TIMESTAMP))"
-        check = f"schema_of_variant(_time) = 'STRING' AND _time_value RLIKE '{_ISO}'"
+        check = f"_time_value RLIKE '{_ISO}'"  # null unless the field is a string
     else:
         scale = 1000 if spec.encoding == "epoch_seconds" else 1
         millis = f"try_multiply(_time_value, {scale})"
