@@ -108,7 +108,10 @@ class JobRun:
             peak_rss_jvm_mb=mb["jvm"],
             peak_rss_python_driver_mb=mb["python driver"],
             peak_rss_python_workers_mb=mb["python workers"],
-            driver_memory=args.driver_memory,
+            # a Connect server's JVM is set up as the stack's (services.SERVER_JVM)
+            driver_memory=(
+                services.SERVER_JVM["spark.driver.memory"] if args.connect else args.driver_memory
+            ),
             machine=machine(),
             date=datetime.now(UTC).isoformat(timespec="seconds"),
             commit=commit,
@@ -813,7 +816,12 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     """Options every benchmark takes: the topic's shape, the Spark job, Kafka, the output."""
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument(
+        "--driver-memory",
+        default="1g",
+        help="of the spark-submitted job; a --connect server's is the stack's "
+        f"({services.SERVER_JVM['spark.driver.memory']})",
+    )
     parser.add_argument(
         "--connect",
         action="store_true",
