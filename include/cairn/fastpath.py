@@ -78,9 +78,9 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
 
     `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
     JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
-    values (`_whole`, each field's variant `_field<i>` and value `_value<i>`, `_time`,
-    `_time_value`, `_event`) are named columns, so each is computed once a record: looking a key
-    up and reading a typed value out of a variant are the costly steps.
+    values (`_whole`, each field's column `_field<i>` as `_field_column` reads it and its value
+    `_value<i>`, `_time`, `_time_value`, `_event`) are named columns, so each is computed once a
+    record: looking a key up and reading a typed value out of a variant are the costly steps.
     """
     coords = [
         "topic",
