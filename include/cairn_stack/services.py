@@ -503,6 +503,9 @@ SERVER_JVM = {
 """The long-lived server's JVMs: the throughput collector and room to collect less often, as
 the archive's JVM work allocates gigabytes a second of short-lived objects (on `local`
 masters its tasks run in the driver; on a cluster, in the executors)."""
+PYTHON_DAEMON = {"spark.python.daemon.module": "cairn_pyspark_daemon"}
+"""The server's Python worker daemon: PySpark's, without re-reading the unchanged zip archives on
+the workers' path as each task starts (`include/cairn_pyspark_daemon.py`)."""
 
 
 def spark_connect(settings: StackSettings) -> Service:
@@ -522,6 +525,7 @@ def spark_connect(settings: StackSettings) -> Service:
         "spark.ui.showConsoleProgress": "false",
         "spark.connect.session.manager.defaultSessionTimeout": SESSION_TIMEOUT,
         **SERVER_JVM,
+        **PYTHON_DAEMON,
     }
     python = sys.executable
     return Service(

@@ -16,7 +16,7 @@ import yaml
 from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
 from cairn.s3_access import S3Settings
-from cairn_stack.services import SERVER_JVM, SESSION_TIMEOUT, postgres_bin
+from cairn_stack.services import PYTHON_DAEMON, SERVER_JVM, SESSION_TIMEOUT, postgres_bin
 from cairn_stack.settings import StackSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -312,8 +312,9 @@ def test_spark_connect_server_runs_cairn_on_the_cluster_with_the_kafka_connector
     # the shared session outlives a quiet hour, as on the local stack's server
     timeout = f"spark.connect.session.manager.defaultSessionTimeout={SESSION_TIMEOUT}"
     assert timeout in argv
-    # and its JVMs are set up as the local stack's are
-    assert all(f"--conf {key}={value}" in argv for key, value in SERVER_JVM.items())
+    # and its JVMs and Python workers are set up as the local stack's are
+    local = SERVER_JVM | PYTHON_DAEMON
+    assert all(f"--conf {key}={value}" in argv for key, value in local.items())
 
 
 def test_airflow_login_comes_from_settings(services):

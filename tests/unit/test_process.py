@@ -329,6 +329,7 @@ def test_spark_connect_server_binds_loopback_runs_cairns_python_and_has_no_secre
     timeout = f"spark.connect.session.manager.defaultSessionTimeout={services.SESSION_TIMEOUT}"
     assert timeout in argv and services.SESSION_TIMEOUT != "60m"
     assert "--conf spark.driver.extraJavaOptions=-XX:+UseParallelGC" in argv  # SERVER_JVM
+    assert "--conf spark.python.daemon.module=cairn_pyspark_daemon" in argv  # PYTHON_DAEMON
     assert service.env["PYSPARK_PYTHON"] == sys.executable
     assert str(Path(services.REPO) / "include") in service.env["PYTHONPATH"].split(os.pathsep)
     secrets = (settings.kafka_sasl_password, settings.s3_secret_key)
