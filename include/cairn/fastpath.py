@@ -78,9 +78,10 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
 
     `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
     JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
-    values (`_whole`, each field's column `_field<i>` as `_field_column` reads it and its value
-    `_value<i>`, `_time`, `_time_value`, `_event`) are named columns, so each is computed once a
-    record: looking a key up and reading a typed value out of a variant are the costly steps.
+    values (`_whole`, each field's column `_field<i>` as `_field_column` reads it, its value
+    `_value<i>` and, unless a string, its variant type `_type<i>`, `_time`, `_time_value`,
+    `_event`) are named columns, so each is computed once a record: looking a key up and reading
+    a typed value out of a variant are the costly steps.
     """
     coords = [
         "topic",
@@ -121,6 +122,7 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         [
             "*",
             *(f"{_field_value(f, i)} AS {_value(i)}" for i, f in enumerate(fields)),
+            *(f"schema_of_variant({_column(i)}) AS {_type(i)}" for i in _typed(fields)),
             f"{_time_path(topic)} AS _time",
         ],
         ["*", f"{_time_value(topic)} AS _time_value"],
@@ -196,7 +198,7 @@ def _field_ok(field: dict[str, Any], index: int) -> str:
         otherwise = "false"
     else:
         v, typed = column, ""
-        otherwise = _TYPE_CHECKS[kind].format(v=v, value=_value(index))
+        otherwise = _TYPE_CHECKS[kind].format(type=_type(index), value=_value(index))
     return (
         f"CASE {typed}WHEN {v} IS NULL THEN {absent} WHEN is_variant_null({v}) THEN {null} "
         f"ELSE {otherwise} END"
@@ -224,18 +226,17 @@ def _field_value(field: dict[str, Any], index: int) -> str:
     )
 
 
-# What Python's validation accepts, as the variant types that prove it (`{v}`: the field,
-# `{value}`: its value as written, null where an int does not fit; a string field's check is
-# its column, see `_field_column`). A DECIMAL zero is left out for doubles: "-0.0" parses to a
-# decimal without its sign.
+# What Python's validation accepts, as the variant types that prove it (`{type}`: the field's
+# variant type, `{value}`: its value as written, null where an int does not fit; a string
+# field's check is its column, see `_field_column`). A DECIMAL zero is left out for doubles:
+# "-0.0" parses to a decimal without its sign.
 _TYPE_CHECKS = {
-    "boolean": "schema_of_variant({v}) = 'BOOLEAN'",
-    "long": f"schema_of_variant({{v}}) IN {_INTEGERS}",
-    "int": f"schema_of_variant({{v}}) IN {_INTEGERS} AND {{value}} IS NOT NULL",
+    "boolean": "{type} = 'BOOLEAN'",
+    "long": f"{{type}} IN {_INTEGERS}",
+    "int": f"{{type}} IN {_INTEGERS} AND {{value}} IS NOT NULL",
     "double": (
-        f"schema_of_variant({{v}}) IN {_INTEGERS} OR (schema_of_variant({{v}}) = 'DOUBLE' AND "
-        "abs({value}) < double('Infinity')) OR "
-        "(schema_of_variant({v}) LIKE 'DECIMAL%' AND {value} != 0)"
+        f"{{type}} IN {_INTEGERS} OR ({{type}} = 'DOUBLE' AND abs({{value}}) < double('Infinity'))"
+        " OR ({type} LIKE 'DECIMAL%' AND {value} != 0)"
     ),
 }
 
@@ -268,6 +269,17 @@ def _default(default: Any, kind: str) -> str:
 def _column(index: int) -> str:
     """The column holding the schema's field `index` as `_field_column` reads it."""
     return f"_field{index}"
+
+
+def _typed(fields: list[dict[str, Any]]) -> list[int]:
+    """The indexes of the fields that are not strings: their checks read their variant type."""
+    return [i for i, f in enumerate(fields) if _field_type(f)[0] != "string"]  # type: ignore[index]
+
+
+def _type(index: int) -> str:
+    """The column holding the variant type (`schema_of_variant`) of the non-string field
+    `index`: a double's check reads it up to three times."""
+    return f"_type{index}"
 
 
 def _value(index: int) -> str:
@@ -312,6 +324,14 @@ def _time_value(topic: Topic) -> str:
     return "try_variant_get(_time, '$', 'bigint')"
 
 
+def _time_type(topic: Topic) -> str:
+    """The variant type of `_time`: its schema field's `_type` column when it has one."""
+    field = _time_field(topic)
+    if field is not None and _time_kind(topic) != "string":
+        return _type(field)
+    return "schema_of_variant(_time)"
+
+
 def _time_kind(topic: Topic) -> str | None:
     """The primitive type of the schema field that is the event time field, if one is."""
     field = _time_field(topic)
@@ -333,5 +353,5 @@ def _event_time(topic: Topic) -> tuple[str, str]:
         scale = 1000 if spec.encoding == "epoch_seconds" else 1
         millis = f"try_multiply(_time_value, {scale})"
         low, high = -(-MIN_EVENT_MS // scale), MAX_EVENT_MS // scale
-        check = f"schema_of_variant(_time) IN {_INTEGERS} AND _time_value BETWEEN {low} AND {high}"
+        check = f"{_time_type(topic)} IN {_INTEGERS} AND _time_value BETWEEN {low} AND {high}"
     return millis, f"{check} AND _event BETWEEN {MIN_EVENT_MS} AND {MAX_EVENT_MS}"
