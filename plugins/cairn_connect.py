@@ -92,7 +92,8 @@ def stop_daemon(spark: Any) -> None:
     """Stop the Python worker daemon the server started for this session (Spark 4.0 keys a
     server's Python workers by session and never stops them, SPARK-54055: each session would
     leave a daemon, ~50 MB, behind for as long as the server runs). A task of the session asks
-    its daemon (its parent, checked to be `pyspark.daemon`) to exit shortly after the task has
+    its daemon (its parent, checked to be the daemon that forked it: the same command line,
+    whichever `spark.python.daemon.module` the server runs) to exit shortly after the task has
     returned; the daemon then stops its idle workers."""
 
     def ask_to_exit(batches: Iterator[Any]) -> Iterator[Any]:
@@ -100,13 +101,16 @@ def stop_daemon(spark: Any) -> None:
         import subprocess
         import sys
 
-        parent = os.getppid()
-        try:
-            with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
-                is_daemon = b"pyspark.daemon" in cmdline.read()
-        except OSError:
-            is_daemon = False
-        if is_daemon:  # later, from outside the daemon's process group, once this task is done
+        def cmdline(pid: int) -> bytes | None:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    return f.read()
+            except OSError:
+                return None
+
+        parent, own = os.getppid(), cmdline(os.getpid())
+        if own is not None and cmdline(parent) == own:  # forked by its daemon
+            # later, from outside the daemon's process group, once this task is done
             later = f"import os, time; time.sleep(3); os.kill({parent}, 15)"
             subprocess.Popen([sys.executable, "-c", later], start_new_session=True)
         yield from batches

@@ -209,7 +209,9 @@ def server_processes(settings) -> dict[int, str]:
 
 
 def python_daemons(settings) -> set[int]:
-    return {pid for pid, text in server_processes(settings).items() if "pyspark.daemon" in text}
+    """The server's Python worker daemons and their workers (forks: the same command line)."""
+    module = services.PYTHON_DAEMON["spark.python.daemon.module"]
+    return {pid for pid, text in server_processes(settings).items() if f"-m\0{module}\0" in text}
 
 
 def test_after_a_connect_session_the_process_still_runs_classic_spark(spark_connect, spark):
