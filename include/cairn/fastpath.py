@@ -79,9 +79,10 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
     `nonce` (random letters, fresh per job) closes the wrapper that proves a value is one whole
     JSON document; it never reaches the output, so output bytes do not depend on it. Parsed
     values (`_whole`, each field's column `_field<i>` as `_field_column` reads it, its value
-    `_value<i>` and, unless a string, its variant type `_type<i>`, `_time`, `_time_value`,
-    `_event`) are named columns, so each is computed once a record: looking a key up and reading
-    a typed value out of a variant are the costly steps.
+    `_value<i>`, a string field's variant `_variant<i>` where it is not a string, any other
+    field's variant type `_type<i>`, `_time`, `_time_value`, `_event`) are named columns, so
+    each is computed once a record: looking a key up and reading a typed value out of a variant
+    are the costly steps.
     """
     coords = [
         "topic",
@@ -97,6 +98,7 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
     text = "CAST(value AS STRING)"
     event, event_ok = _event_time(topic)
     fields = (topic.user_schema or {})["fields"]
+    typed = _typed(fields)
     checks = [
         f"variant_get(_whole, '$[1].{nonce}') IS NOT NULL",
         f"is_valid_utf8({text})",
@@ -121,10 +123,15 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         ["*", *(f"{_field_column(f)} AS {_column(i)}" for i, f in enumerate(fields))],
         [
             "*",
-            *(f"{_field_value(f, i)} AS {_value(i)}" for i, f in enumerate(fields)),
-            *(f"schema_of_variant({_column(i)}) AS {_type(i)}" for i in _typed(fields)),
+            *(
+                f"CASE WHEN {_column(i)} IS NULL THEN {_lookup(f)} END AS {_variant(i)}"
+                for i, f in enumerate(fields)
+                if i not in typed
+            ),
+            *(f"schema_of_variant({_column(i)}) AS {_type(i)}" for i in typed),
             f"{_time_path(topic)} AS _time",
         ],
+        ["*", *(f"{_field_value(f, i)} AS {_value(i)}" for i, f in enumerate(fields))],
         ["*", f"{_time_value(topic)} AS _time_value"],
         ["*", f"{event} AS _event"],
         ["*", f"{accepted} AS _accepted"],
@@ -186,14 +193,13 @@ def _lookup(field: dict[str, Any]) -> str:
 
 
 def _field_ok(field: dict[str, Any], index: int) -> str:
-    """Whether the schema's field `index` is one the reference accepts. A string field is looked
-    up again as a variant only when it is not a string (absent, null or of another type)."""
+    """Whether the schema's field `index` is one the reference accepts."""
     kind, nullable = _field_type(field)  # type: ignore[misc]
     absent = "true" if "default" in field and _fits(field["default"], kind, nullable) else "false"
     null = "true" if nullable else "false"
     column = _column(index)
     if kind == "string":
-        v = _lookup(field)
+        v = _variant(index)
         typed = f"WHEN {column} IS NOT NULL THEN true "
         otherwise = "false"
     else:
@@ -214,7 +220,7 @@ def _field_value(field: dict[str, Any], index: int) -> str:
     if kind == "string":
         return (
             f"CASE WHEN {v} IS NOT NULL THEN CAST({v} AS STRING) "
-            f"WHEN {_lookup(field)} IS NULL THEN CAST({default} AS STRING) END"
+            f"WHEN {_variant(index)} IS NULL THEN CAST({default} AS STRING) END"
         )
     if kind == "double":  # through Java's correctly rounded parser, as Python's float()
         value = f"try_cast(try_variant_get({v}, '$', 'string') AS DOUBLE)"
@@ -282,16 +288,31 @@ def _type(index: int) -> str:
     return f"_type{index}"
 
 
+def _variant(index: int) -> str:
+    """The column holding the string field `index` as a variant where it is not a string (absent,
+    null or of another type; null where it is a string): looked up again only then, once."""
+    return f"_variant{index}"
+
+
 def _value(index: int) -> str:
     """The column holding the schema's field `index` as written (`_field_value`)."""
     return f"_value{index}"
 
 
-def _time_field(topic: Topic) -> int | None:
-    """The index of the schema field that is the event time field, if one is."""
-    names = [f["name"] for f in (topic.user_schema or {})["fields"]]
+def _time_field(topic: Topic) -> tuple[int, str] | None:
+    """The schema field that is the event time field, if one is: its index and primitive."""
     spec = topic.event_time
-    return names.index(spec.field) if spec is not None and spec.field in names else None
+    for index, field in enumerate((topic.user_schema or {})["fields"]):
+        if spec is not None and field["name"] == spec.field:
+            return index, _field_type(field)[0]  # type: ignore[index]
+    return None
+
+
+def _time_variant(topic: Topic) -> int | None:
+    """The non-string schema field whose variant column (`_field<i>`) and variant type
+    (`_type<i>`) are the event time's (epoch encodings), if one is."""
+    found = _time_field(topic)
+    return found[0] if found is not None and found[1] != "string" else None
 
 
 def _time_path(topic: Topic) -> str:
@@ -300,10 +321,8 @@ def _time_path(topic: Topic) -> str:
     spec = topic.event_time
     if spec is None or spec.encoding == "iso8601":
         return "CAST(NULL AS VARIANT)"
-    field = _time_field(topic)
-    if field is not None and _time_kind(topic) != "string":
-        return _column(field)
-    return f"variant_get(_whole, '$[0].{spec.field}')"
+    field = _time_variant(topic)
+    return _column(field) if field is not None else f"variant_get(_whole, '$[0].{spec.field}')"
 
 
 def _time_value(topic: Topic) -> str:
@@ -314,7 +333,7 @@ def _time_value(topic: Topic) -> str:
     spec = topic.event_time
     if spec is None:
         return "CAST(NULL AS STRING)"
-    field, kind = _time_field(topic), _time_kind(topic)
+    field, kind = _time_field(topic) or (None, None)
     if spec.encoding == "iso8601":
         if kind == "string":
             return f"CAST({_column(field)} AS STRING)"  # type: ignore[arg-type]
@@ -326,18 +345,8 @@ def _time_value(topic: Topic) -> str:
 
 def _time_type(topic: Topic) -> str:
     """The variant type of `_time`: its schema field's `_type` column when it has one."""
-    field = _time_field(topic)
-    if field is not None and _time_kind(topic) != "string":
-        return _type(field)
-    return "schema_of_variant(_time)"
-
-
-def _time_kind(topic: Topic) -> str | None:
-    """The primitive type of the schema field that is the event time field, if one is."""
-    field = _time_field(topic)
-    if field is None:
-        return None
-    return _field_type((topic.user_schema or {})["fields"][field])[0]  # type: ignore[index]
+    field = _time_variant(topic)
+    return _type(field) if field is not None else "schema_of_variant(_time)"
 
 
 def _event_time(topic: Topic) -> tuple[str, str]:
