@@ -304,10 +304,11 @@ def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> run.Pl
 def spark_argv(planned: run.Planned, topics: Path, driver_memory: str) -> list[str]:
     """The job's command line as the Airflow operator builds it: the topic and the key of the
     claim that holds the plan (Kafka's address goes by env)."""
-    jars = ",".join(sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar")))
+    stack = StackSettings()
+    jars = ",".join(sorted(str(p) for p in services.jars(stack, "spark").glob("*.jar")))
     return [
         str(VENV_BIN / "spark-submit"),
-        *["--master", "local[2]", "--driver-memory", driver_memory, "--jars", jars],
+        *["--master", stack.spark_master, "--driver-memory", driver_memory, "--jars", jars],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
         str(JOB),
         *["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file", str(topics)],
@@ -359,9 +360,10 @@ def connect_argv(url: str, planned: run.Planned, topics: Path) -> list[str]:
 
 @contextlib.contextmanager
 def private_connect(state_dir: Path) -> Iterator[tuple[str, services.Service]]:
-    """A Spark Connect server (`local[2]`) as the local stack runs one, on a free port."""
+    """A Spark Connect server as the local stack runs one (on its `spark_master`), on a free
+    port."""
     (port,) = free_port_block(1)
-    settings = StackSettings(state_dir=state_dir, spark_connect_port=port, spark_master="local[2]")
+    settings = StackSettings(state_dir=state_dir, spark_connect_port=port)
     service = services.spark_connect(settings)
     with console.status("starting a private Spark Connect server"):
         service.start(settings.start_timeout)
@@ -577,9 +579,9 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
     spark_s = best.spark_seconds
     return Result(
         spark_how=(
-            "client start to exit, on a warm Spark Connect server, local[2]"
+            f"client start to exit, on a warm Spark Connect server, {StackSettings().spark_master}"
             if args.connect
-            else "spark-submit to exit, local[2]"
+            else f"spark-submit to exit, {StackSettings().spark_master}"
         ),
         records=args.records,
         partitions=args.partitions,

@@ -337,6 +337,17 @@ def test_spark_connect_server_binds_loopback_runs_cairns_python_and_has_no_secre
     assert "spark-connect" in [s.name for s in services.all_services(settings)]
 
 
+def test_the_server_runs_two_task_slots_per_usable_core_unless_told_a_master(tmp_path, monkeypatch):
+    # a task waits on Kafka part of its time: one slot per core would leave cores idle
+    monkeypatch.delenv("CAIRN_SPARK_MASTER", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    settings = StackSettings(state_dir=tmp_path / "state")
+    assert settings.spark_master == "local[6]"
+    assert "--master local[6]" in " ".join(services.spark_connect(settings).argv)
+    monkeypatch.setenv("CAIRN_SPARK_MASTER", "spark://master:7077")
+    assert StackSettings().spark_master == "spark://master:7077"
+
+
 def test_the_stacks_spark_connection_is_spark_connect_unless_asked_to_spark_submit(tmp_path):
     settings = StackSettings(state_dir=tmp_path / "state", spark_connect_port=15999)
     connection = json.loads(services.airflow_env(settings)["AIRFLOW_CONN_CAIRN_SPARK"])
