@@ -105,7 +105,9 @@ def select(topic: Topic, nonce: str) -> list[list[str]]:
         # contains first (a byte scan; instr counts characters): the regex runs only on values
         # with an escape at all
         f"NOT contains({text}, '\\\\u') OR NOT {text} RLIKE '{_SURROGATE_ESCAPE}'",
-        f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'",  # the document is an object
+        # the document is an object (a regex over the whole text: only where no other check
+        # implies it)
+        *([] if _object_implied(topic) else [f"{text} RLIKE '^[ \\t\\n\\r]*[{{]'"]),
         event_ok,
         *(_field_ok(f, i) for i, f in enumerate(fields)),
     ]
@@ -195,7 +197,7 @@ def _lookup(field: dict[str, Any]) -> str:
 def _field_ok(field: dict[str, Any], index: int) -> str:
     """Whether the schema's field `index` is one the reference accepts."""
     kind, nullable = _field_type(field)  # type: ignore[misc]
-    absent = "true" if "default" in field and _fits(field["default"], kind, nullable) else "false"
+    absent = "true" if _may_be_absent(field) else "false"
     null = "true" if nullable else "false"
     column = _column(index)
     if kind == "string":
@@ -209,6 +211,20 @@ def _field_ok(field: dict[str, Any], index: int) -> str:
         f"CASE {typed}WHEN {v} IS NULL THEN {absent} WHEN is_variant_null({v}) THEN {null} "
         f"ELSE {otherwise} END"
     )
+
+
+def _may_be_absent(field: dict[str, Any]) -> bool:
+    """Whether the reference accepts a document without the field: it has a default that fits."""
+    kind, nullable = _field_type(field)  # type: ignore[misc]
+    return "default" in field and _fits(field["default"], kind, nullable)
+
+
+def _object_implied(topic: Topic) -> bool:
+    """Whether the other checks already reject a document that is not a JSON object: a lookup
+    in anything else finds nothing, and an event time field, or a schema field that may not be
+    absent, must be found."""
+    fields = (topic.user_schema or {})["fields"]
+    return topic.event_time is not None or not all(_may_be_absent(f) for f in fields)
 
 
 def _field_value(field: dict[str, Any], index: int) -> str:

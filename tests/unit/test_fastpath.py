@@ -20,11 +20,14 @@ FLAT = [
 ]
 
 
-def topic(tmp_path, fields: list, fmt: str = "json", field: str = "ts") -> TopicConfig:
+def topic(tmp_path, fields: list, fmt: str = "json", field: str | None = "ts") -> TopicConfig:
     schema = {"type": "record", "name": "R", "fields": fields}
     (tmp_path / "r.avsc").write_text(json.dumps(schema))
-    entry = {"topic": "t", "format": fmt, "schema": "r.avsc"}
-    entry["event_time"] = {"field": field, "encoding": "epoch_millis"}
+    entry: dict = {"topic": "t", "format": fmt, "schema": "r.avsc"}
+    if field is None:
+        entry["time_source"] = "processing"
+    else:
+        entry["event_time"] = {"field": field, "encoding": "epoch_millis"}
     if fmt == "avro":
         entry["avro"] = {"framing": "plain", "writer_schema": "r.avsc"}
     (tmp_path / "topics.yaml").write_text(json.dumps({"topics": [entry]}))
@@ -77,3 +80,21 @@ def test_a_topic_the_jvm_cannot_parse_still_gets_its_backup_datums_there(tmp_pat
     (only,) = fastpath.select(cfg, "NonceNonce")
     assert any(e.startswith("to_avro(") and e.endswith("AS backup") for e in only)
     assert "CAST(NULL AS BINARY) AS datum" in only
+
+
+OBJECT_CHECK = "RLIKE '^[ \\t\\n\\r]*[{]'"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "regex"),
+    [
+        (FLAT, "ts", False),  # the event time field must be found
+        (FLAT, None, False),  # `s` and `i` have no default
+        (FLAT[1:4], None, True),  # every field may be absent: only the regex keeps `5` out
+    ],
+)
+def test_the_object_regex_runs_only_where_no_lookup_must_succeed(tmp_path, fields, field, regex):
+    sql = " ".join(
+        e for p in fastpath.select(topic(tmp_path, fields, field=field), "x" * 8) for e in p
+    )
+    assert (OBJECT_CHECK in sql) is regex
