@@ -13,8 +13,9 @@ How a value is judged (JSON text → Spark VARIANT, Spark 4.0):
 - `try_parse_json('[' || value || ',{"<nonce>":0}]')`: the value is exactly one JSON document
   (the parser ignores text after the first one; the array's second element holding the nonce,
   random per job so no value holds it, proves the value was one element and parsing reached the
-  end), with no duplicate keys; plus valid UTF-8 and no `\\uD8xx`-style escapes (Python and Java
-  decode lone surrogates differently);
+  end), with no duplicate keys, nested at most 1,000 levels with the wrapper (Jackson's limit;
+  the reference keeps the same one, `cairn.formats.json.MAX_DEPTH`); plus valid UTF-8 and no
+  `\\uD8xx`-style escapes (Python and Java decode lone surrogates differently);
 - each schema field is absent with a default, JSON null in a nullable field, or of the variant
   type that Python's validation also accepts (see `_TYPE_CHECKS`), within the Avro type's range;
 - the event time is an integer (epoch encodings) or a strict ISO-8601 string with an offset, in

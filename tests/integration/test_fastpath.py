@@ -17,6 +17,7 @@ import pytest
 
 from cairn import fastpath
 from cairn.config import TopicConfig, load_topics
+from cairn.formats.json import MAX_DEPTH
 from cairn.storage import Storage
 from cairn.writer import KafkaRecord, PartitionResult, write_partition
 from spark_jobs.archive import encoded
@@ -83,7 +84,11 @@ EPOCHS = [
     "\"1709251200\"", "null", "1709251199.9995",
 ]  # fmt: skip
 UNICODE = ["é", "日本語", "🎉", "\u0000", "\u2028", "עברית", "e\u0301", "\uffff", "\u007f"]
-STANDALONE = [b"", b"null", b"[]", b"[1]", b'"s"', b"5", b"true", b"{", b"[" * 2000 + b"]" * 2000]
+STANDALONE = [
+    b"", b"null", b"[]", b"[1]", b'"s"', b"5", b"true", b"{", b"[" * 2000 + b"]" * 2000,
+    b"{'id': 'a', 'n': 1}", b'{"id": "a", "n": 1, "ratio": NaN}',  # what Python's json refuses
+    b'{"id": "a", "n": 1, "ratio": -Infinity}',
+]  # fmt: skip
 WRAPS = [  # around a valid document `d`
     b"%s x", b"%s%s", b"%s, 5", b"%s] [", b"[%s]", b" \t\r\n%s\n", b"\xef\xbb\xbf%s", b"%s\x00",
     b"%s\r\n\r\n", b"%s /* c */", b"%s,", b'%s,"x"]', b"%s}", b"{%s",
@@ -171,6 +176,9 @@ def corpus(
     document = json.dumps(base).encode()
     for value in STANDALONE:
         yield value, False
+    for depth in (990, MAX_DEPTH, MAX_DEPTH + 1):  # to the limit both paths keep, and past it
+        deep = _set(base, "extra", "[" * (depth - 1) + "]" * (depth - 1))
+        yield deep.encode(), depth <= MAX_DEPTH and not SURROGATE_ESCAPE.search(deep)
     for wrap in WRAPS:
         yield wrap.replace(b"%s", document), False
     for inside in INSIDE:

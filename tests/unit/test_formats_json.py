@@ -3,6 +3,7 @@ and the parts every format shares (`cairn.formats.base`): event time, folders, o
 
 import io
 import json
+import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from cairn.avro import AvroFileWriter
 from cairn.config import TopicConfig
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined, output_schema
+from cairn.formats.json import MAX_DEPTH
 from tests.unit.conftest import as_read
 
 USER_SCHEMA = {
@@ -137,7 +139,8 @@ def test_processing_time_topics_use_the_processing_time():
         (b"", "invalid JSON"),
         (b'{"id": NaN}', "invalid JSON"),
         (b'\xef\xbb\xbf{"id": "a"}', "invalid JSON"),  # BOM
-        (b"[" * 100_000 + b"]" * 100_000, "invalid JSON"),  # nesting bomb
+        (b"[" * 100_000 + b"]" * 100_000, "JSON nested deeper than 999"),  # nesting bomb
+        (b"{" * 1200 + b"}", "JSON nested deeper than 999"),  # invalid, and too deep
         (b"[1, 2]", "JSON value is array, not an object"),
         (b'"text"', "JSON value is string, not an object"),
         (b"null", "JSON value is null, not an object"),
@@ -145,6 +148,27 @@ def test_processing_time_topics_use_the_processing_time():
 )
 def test_unparseable_values_are_quarantined(raw, expected):
     assert reason(raw).startswith(expected)
+
+
+def nested(depth: int) -> bytes:
+    """A valid value nested `depth` arrays and objects deep, with brackets inside a string."""
+    inner = b"[" * (depth - 2) + b'"[[{{]"' + b"]" * (depth - 2)
+    return value(extra={"x": "MARK"}).replace(b'"MARK"', inner)
+
+
+def test_json_nested_to_the_limit_parses_wherever_it_is_parsed_and_deeper_is_refused():
+    # the JVM's parser (Spark's parse_json: Jackson's 1,000 levels, one of them the fast path's
+    # wrapper) takes the same depths; Python's own limit would depend on the caller's stack
+    assert MAX_DEPTH == 999
+    assert isinstance(parse(nested(MAX_DEPTH)), Parsed)
+    assert reason(nested(MAX_DEPTH + 1)) == "JSON nested deeper than 999 arrays and objects"
+
+    def deep_in_the_stack(frames: int) -> Parsed | Quarantined:
+        return parse(nested(MAX_DEPTH)) if frames == 0 else deep_in_the_stack(frames - 1)
+
+    limit = sys.getrecursionlimit()
+    assert isinstance(deep_in_the_stack(limit // 2), Parsed)
+    assert sys.getrecursionlimit() == limit  # put back
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,13 @@ from cairn.formats.base import (
 )
 
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+MAX_DEPTH = 999
+"""JSON nested deeper than this many arrays and objects is refused: the JVM's parser takes no
+deeper (`cairn.fastpath`: Jackson's 1,000 levels, one of them its wrapper), and Python's own
+limit, its recursion limit less the caller's stack, would let the same value parse in an archive
+and fail in a rebuild of it."""
+_SHALLOW = 200  # arrays and objects that fit under any caller's stack at Python's recursion limit
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings, skipped whole, and brackets
 
 
 class JsonFormat(ParsingFormat):
@@ -48,7 +56,7 @@ class JsonFormat(ParsingFormat):
         except UnicodeDecodeError as err:
             raise Reject(f"invalid UTF-8 at byte {err.start}") from None
         try:
-            obj = json.loads(text, parse_constant=_reject_constant)
+            obj = _loads(text)
         except (ValueError, RecursionError) as err:
             raise Reject(f"invalid JSON: {err}") from None
         if not isinstance(obj, dict):
@@ -104,6 +112,34 @@ def _avro_type(schema: Any) -> str:
     if isinstance(schema, dict):
         return str(schema.get("name") or schema.get("type"))
     return "union" if isinstance(schema, list) else str(schema)
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, to `MAX_DEPTH` whatever the caller's stack (deeper: a `Reject`)."""
+    if text.count("[") + text.count("{") <= _SHALLOW:  # most values: no scan
+        return json.loads(text, parse_constant=_reject_constant)
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise Reject(f"JSON nested deeper than {MAX_DEPTH} arrays and objects")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + depth)  # room for the parser's recursion, above this stack
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _depth(text: str) -> int:
+    """How deeply the JSON text nests arrays and objects (of valid JSON; a bound otherwise)."""
+    depth = deepest = 0
+    for token in _TOKENS.finditer(text):
+        bracket = token.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif bracket in ("]", "}"):
+            depth -= 1
+    return deepest
 
 
 def _reject_constant(name: str) -> None:
