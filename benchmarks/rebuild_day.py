@@ -56,7 +56,7 @@ from cairn.kafka_conf import KafkaConf
 from cairn.manifest import FileEntry
 from cairn.storage import Storage
 from cairn_stack.demo import create_topic
-from cairn_stack.settings import REPO
+from cairn_stack.settings import REPO, StackSettings
 
 REBUILD_JOB = REPO / "spark_jobs" / "rebuild.py"
 FIRST_DAY = date(2025, 1, 1)  # fixed, so the folders are the same every run
@@ -178,7 +178,7 @@ def rebuild_argv(selection: rebuild.Selection, topics: Path, driver_memory: str)
     claim = selection.claim
     return [
         str(VENV_BIN / "spark-submit"),
-        *["--master", "local[2]", "--driver-memory", driver_memory],
+        *["--master", StackSettings().spark_master, "--driver-memory", driver_memory],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
         str(REBUILD_JOB),
         *["--topic", claim.topic, "--claim", claim.key, "--topics-file", str(topics)],
@@ -329,7 +329,10 @@ def print_result(r: Result) -> None:
             f"({r.backup_records_read:,} / {r.backup_records_total:,} records)",
         ),
         ("select time", f"{r.select_seconds * 1000:,.0f} ms (cairn.rebuild.select)"),
-        ("Spark rebuild wall", f"{r.spark_seconds:.1f} s (spark-submit to exit, local[2])"),
+        (
+            "Spark rebuild wall",
+            f"{r.spark_seconds:.1f} s (spark-submit to exit, {StackSettings().spark_master})",
+        ),
         (
             "throughput",
             f"{r.records_per_second:,} day records/s, "
