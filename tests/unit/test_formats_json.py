@@ -163,12 +163,14 @@ def test_json_nested_to_the_limit_parses_wherever_it_is_parsed_and_deeper_is_ref
     assert isinstance(parse(nested(MAX_DEPTH)), Parsed)
     assert reason(nested(MAX_DEPTH + 1)) == "JSON nested deeper than 999 arrays and objects"
 
-    def deep_in_the_stack(frames: int) -> Parsed | Quarantined:
-        return parse(nested(MAX_DEPTH)) if frames == 0 else deep_in_the_stack(frames - 1)
+    def deep_in_the_stack(frames: int, depth: int = MAX_DEPTH) -> Parsed | Quarantined:
+        return parse(nested(depth)) if frames == 0 else deep_in_the_stack(frames - 1, depth)
 
     limit = sys.getrecursionlimit()
     assert isinstance(deep_in_the_stack(limit // 2), Parsed)
     assert sys.getrecursionlimit() == limit  # put back
+    # fewer brackets than the limit: not scanned, and still parsed deep in the stack
+    assert isinstance(deep_in_the_stack(limit // 2, depth=600), Parsed)
 
 
 @pytest.mark.parametrize(

@@ -115,14 +115,16 @@ def _avro_type(schema: Any) -> str:
 
 
 def _loads(text: str) -> Any:
-    """`json.loads`, to `MAX_DEPTH` whatever the caller's stack (deeper: a `Reject`)."""
-    if text.count("[") + text.count("{") <= _SHALLOW:  # most values: no scan
+    """`json.loads`, to `MAX_DEPTH` whatever the caller's stack (deeper: a `Reject`). The
+    brackets bound the depth, so only values with more than `MAX_DEPTH` of them are scanned."""
+    brackets = text.count("[") + text.count("{")
+    if brackets <= _SHALLOW:  # most values
         return json.loads(text, parse_constant=_reject_constant)
-    depth = _depth(text)
-    if depth > MAX_DEPTH:
+    if brackets > MAX_DEPTH and _depth(text) > MAX_DEPTH:
         raise Reject(f"JSON nested deeper than {MAX_DEPTH} arrays and objects")
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(limit + depth)  # room for the parser's recursion, above this stack
+    # room for the parser's recursion above this stack
+    sys.setrecursionlimit(limit + min(brackets, MAX_DEPTH))
     try:
         return json.loads(text, parse_constant=_reject_constant)
     finally:
