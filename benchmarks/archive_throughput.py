@@ -295,7 +295,7 @@ def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> run.Pl
     )
     if planned is None:
         raise BenchError(f"topic {cfg.topic}: nothing to archive (plan_run returned None)")
-    run.clean_run(cfg, storage, planned, KafkaConf.from_bootstrap(bootstrap))
+    run.clean_run(storage, planned)
     if planned.plan.capped:
         raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
     return planned

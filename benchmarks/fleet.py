@@ -61,8 +61,9 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from croniter import croniter
 
-from cairn import tokens
+from cairn import commit
 from cairn.config import INCLUDE_DIR, TopicConfig, dag_safe, load_topics
+from cairn.layout import head_key
 from cairn.storage import Storage
 from cairn_stack import services
 from cairn_stack.airflow_api import AirflowAPI
@@ -72,7 +73,7 @@ from cairn_stack.settings import StackSettings
 PREFIX = "cairn.fleet."
 SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
 ARCHIVE_KINDS = ("backup", "partitioned", "quarantine")
-STATE_DIRS = ("_tokens", "_rebuilds", "_claims", "_attempts", "_manifests", "_status")
+STATE_DIRS = ("_tokens", "_publishing", "_claims", "_attempts", "_manifests", "_status")
 AIRFLOW_LOGS = ("airflow-scheduler", "airflow-dag-processor", "airflow-api-server")
 
 
@@ -180,6 +181,7 @@ def drop_archive(cfgs: dict[str, TopicConfig]) -> None:
         for folder in (*ARCHIVE_KINDS, *STATE_DIRS):
             storage.delete_prefix(f"{folder}/{topic}")
         storage.delete(f"_complete/{topic}.json")
+        storage.delete(head_key(topic))
 
 
 # --- sampling the stack's processes -----------------------------------------------------------
@@ -463,7 +465,7 @@ def wait_caught_up(
     deadline = time.monotonic() + timeout
     while len(done) < len(ends) and time.monotonic() < deadline:
         for topic in sorted(set(ends) - set(done)):
-            token = tokens.newest(Storage(cfgs[topic].root.storage_url), topic)
+            token = commit.newest(Storage(cfgs[topic].root.storage_url), topic)
             if token is not None and all(
                 token.next_offsets.get(p, 0) >= end for p, end in ends[topic].items()
             ):

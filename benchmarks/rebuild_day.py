@@ -6,8 +6,9 @@ functions of `archive_throughput.py`): `--records` records for the day that is r
 middle one) and `--other-records` for every other day. A day's records have event times on that
 day, except `--late-fraction` (1%) that are late: event times on the day before. Then rebuilds
 the middle day as the rebuild DAG does: `cairn.rebuild.select` (timed; it finds the backup files
-holding the day's records from the day's files' Avro headers and claims a rebuild link), the real
-`spark_jobs/rebuild.py --claim <key>` through spark-submit (timed, peak RSS sampled), and checks
+holding the day's records from the day's files' Avro headers and claims a rebuild attempt), the real
+`spark_jobs/rebuild.py --claim <key>` through spark-submit (timed, peak RSS sampled), commits as
+the DAG's commit task does (`cairn.rebuild.commit_rebuild`), and checks
 that the day's folders hold exactly the records with that event date, once each.
 
     .venv/bin/python benchmarks/rebuild_day.py                        # 10 days, 1M rebuilt
@@ -190,7 +191,7 @@ def committed_backups(storage: Storage, topic: str, upto_seq: int) -> list[FileE
     return [
         e
         for token in tokens.list_tokens(storage, topic)
-        if token.seq <= upto_seq and token.manifest is not None
+        if token.seq <= upto_seq and token.kind == "archive" and token.manifest is not None
         for e in manifest.load(storage, token.manifest).files
         if e.kind == "backup"
     ]
@@ -254,7 +255,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
     select_s = time.perf_counter() - t
     if selection is None:
         raise BenchError(f"select found nothing committed under {day}")
-    backups = committed_backups(storage, topic, selection.snapshot.seq)
+    backups = committed_backups(storage, topic, selection.claim.base_seq)
     spans = {e.key: e.last_offset - e.first_offset + 1 for e in backups}
     read_records = sum(spans[s.key] for s in selection.sources)
     console.print(
@@ -276,11 +277,10 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
     load.append(os.getloadavg()[0])
     console.print(f"rebuild job finished in {spark_s:.1f}s")
 
-    with console.status("checking the rebuilt day"):
+    with console.status("committing and checking the rebuilt day"):
         t = time.perf_counter()
-        rebuilt = rebuild.read_rebuild(storage, topic, selection.claim.seq)
-        if rebuilt is None or rebuilt.attempt_id != selection.claim.attempt_id:
-            raise BenchError(f"the rebuild of {day} did not commit its link; see {log}")
+        token = rebuild.commit_rebuild(storage, cfg, selection)  # the rebuild DAG's commit task
+        rebuilt = rebuild.load_attempt(storage, token.manifest)
         after, quarantined = day_files(storage, topic, day)
         blocks, distinct = count_records(storage, after)
         check_s = time.perf_counter() - t

@@ -5,7 +5,7 @@ Builds N records as the Arrow batches the archive job's JVM side hands to `mapIn
 time; same events as archive_throughput.py, picked at random like ProducerPerformance does; the
 datums are encoded here by fastavro, byte-identical to Spark's `to_avro`), then times, one after
 the other on the same data, the whole `write_partition` into an attempt's staging area
-(`cairn.staging.staged`) in a temp folder, as the Spark job calls it: when the JVM parsed every
+(`cairn.commit.staged`) in a temp folder, as the Spark job calls it: when the JVM parsed every
 value and the batches go in whole (as the job hands them: Python assembles blocks per folder),
 the same record by record (`EncodedRecord`, the path a batch takes when it would evict files),
 and when the JVM parsed none (every value through the Python reference parser, as for a topic
@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for spark_jobs
 
 from archive_throughput import event_lines, topics_file
 
-from cairn import staging
 from cairn.avro import BACKUP_SCHEMA
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed
+from cairn.layout import attempt_prefix
 from cairn.storage import Storage
 from cairn.writer import EncodedRecord, encoded_records, write_partition
 
@@ -106,7 +106,7 @@ def main() -> None:
 
     def write(data: Callable[[], Iterable], attempt: str) -> Callable[[], None]:
         def run() -> None:
-            staged = staging.staged(Storage(cfg.root.storage_url), cfg.topic, attempt)
+            staged = Storage(cfg.root.storage_url).child(attempt_prefix(cfg.topic, attempt))
             result = write_partition(data(), cfg, staged, now, attempt)
             print(f"{'':<40} {len(result.files)} files")
 

@@ -80,10 +80,9 @@ def archive_dag(cfg: TopicConfig) -> DAG:
 
         @task
         def clean(planned: dict) -> list[str]:
+            """Discard what fenced-out attempts staged; rewound files stay until the commit."""
             with fail_fast():
-                return run.clean_run(
-                    cfg, storage(cfg), run.Planned.model_validate(planned), kafka_conf()
-                )
+                return run.clean_run(storage(cfg), run.Planned.model_validate(planned))
 
         @task
         def verify(planned: dict) -> dict:

@@ -1,7 +1,8 @@
 """One `rebuild__<topic>` DAG per configured JSON topic: re-derive dates from the backup.
 
-A run re-derives the records filed under its dates (`partitioned/<topic>/dt=<date>/` and that
-date's quarantine) from the verbatim backup with today's parser, schema and generation. It runs
+A run (select → rebuild → commit → complete → announce) re-derives the records filed under its
+dates (`partitioned/<topic>/dt=<date>/` and that date's quarantine) from the verbatim backup with
+today's parser, schema and generation, and commits like an archive run (`cairn.commit`). It runs
 only when a person asks: by a backfill (`airflow backfill create --dag-id rebuild__<topic>
 --from-date … --to-date …`, or the UI), by clearing earlier runs, or by a trigger whose
 `from_date`/`to_date` params name a range to rebuild as one operation. The daily timetable exists
@@ -15,8 +16,9 @@ from datetime import date, datetime, timedelta
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
 
-from cairn import completeness, rebuild
+from cairn import completeness, rebuild, tokens
 from cairn.config import TopicConfig, dag_safe
+from cairn.errors import PermanentError
 from cairn_airflow import (
     CairnSparkOperator,
     announce_dates,
@@ -31,14 +33,29 @@ from cairn_airflow import (
 log = logging.getLogger(__name__)
 
 
-def rebuild_dates(day: date, params: dict) -> list[date]:
-    """The run's own date, or the range its params name (both ends included)."""
+class NoDates(PermanentError):
+    """The run names no date to rebuild, or an empty range."""
+
+
+def rebuild_dates(day: date | None, params: dict) -> list[date]:
+    """The run's own date, or the range its params name (both ends included).
+
+    A run without a data interval (triggered by hand or through the REST API with no logical
+    date) must name its dates in `from_date`/`to_date`."""
     first, last = params.get("from_date") or None, params.get("to_date") or None
     if first is None and last is None:
+        if day is None:
+            raise NoDates(
+                "this run has no date of its own (no logical date): give from_date and/or "
+                "to_date (YYYY-MM-DD) in its params"
+            )
         return [day]
-    start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
+    try:
+        start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
+    except ValueError as err:
+        raise NoDates(f"from_date/to_date must be YYYY-MM-DD: {err}") from None
     if end < start:
-        raise ValueError(f"to_date {end} is before from_date {start}")
+        raise NoDates(f"to_date {end} is before from_date {start}")
     return [start + timedelta(days=i) for i in range((end - start).days + 1)]
 
 
@@ -68,9 +85,10 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             if context["dag_run"].run_type == "scheduled":
                 log.info("rebuilds run only when asked (backfill, clear or trigger): skipped")
                 return False
-            day = context["data_interval_start"].in_timezone(cfg.timezone).date()
-            dates = rebuild_dates(day, context["params"])
+            start = context.get("data_interval_start")
+            day = start.in_timezone(cfg.timezone).date() if start is not None else None
             with fail_fast():
+                dates = rebuild_dates(day, context["params"])
                 chosen = rebuild.select(storage(cfg), cfg, dates, context["run_id"])
             if chosen is None:
                 log.info("topic %s has nothing filed under %s: nothing to rebuild", topic, dates)
@@ -79,19 +97,23 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             return chosen.model_dump(mode="json")
 
         @task
-        def report(chosen: dict) -> dict:
-            seq = chosen["claim"]["seq"]
-            done = rebuild.read_rebuild(storage(cfg), topic, seq)
-            if done is None or done.attempt_id != chosen["claim"]["attempt_id"]:
-                raise RuntimeError(f"topic {topic}: rebuild link {seq} does not name this run")
-            return done.model_dump(mode="json", exclude={"files"}) | {"files": len(done.files)}
+        def commit(chosen: dict) -> dict:
+            """Replace the dates' files by the re-derived ones (the one commit site)."""
+            with fail_fast():
+                token = rebuild.commit_rebuild(
+                    storage(cfg), cfg, rebuild.Selection.model_validate(chosen)
+                )
+            return token.model_dump(mode="json", exclude={"adds", "replaces"}) | {
+                "files_written": len(token.adds),
+                "files_removed": len(token.replaces),
+            }
 
         @task
-        def complete(chosen: dict) -> dict:
+        def complete(done: dict) -> dict:
             """Recount the complete dates the rebuild changed and rewrite their `_SUCCESS`."""
-            done = rebuild.read_rebuild(storage(cfg), topic, chosen["claim"]["seq"])
+            token = tokens.token_at(storage(cfg), topic, done["seq"])
             with fail_fast():
-                return completeness.rebuilt(cfg, storage(cfg), done).model_dump(mode="json")
+                return completeness.rebuilt(cfg, storage(cfg), token).model_dump(mode="json")
 
         @task(outlets=[asset])
         def announce(done: dict) -> list[str]:
@@ -106,9 +128,9 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             payload=chosen,
             execution_timeout=cfg.spark_timeout,
         )
-        done = complete(chosen)
-        spark >> report(chosen) >> done
-        announce(done)
+        done = commit(chosen)
+        spark >> done
+        announce(complete(done))
     return dag
 
 

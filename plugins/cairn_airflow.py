@@ -38,7 +38,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.sdk.module_loading import import_string
 from airflow.sdk.observability.stats import Stats
 
-from cairn import alerts, completeness, fence, metrics, staging, status
+from cairn import alerts, commit, completeness, metrics, status
 from cairn.config import (
     REPO,
     TOPICS_FILE,
@@ -243,17 +243,12 @@ class CairnSparkOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         cfg = find_topic(self.topic)
-        claim = fence.Claim.model_validate(self.payload["claim"])
+        claim = commit.Claim.model_validate(self.payload["claim"])
         if "plan" in self.payload and Plan.model_validate(self.payload["plan"]).empty:
             log.info("%s only records a position: no Spark job", claim.label)
             return
-        archive = storage(cfg)
-        if fence.decided_for(archive, self.topic, claim.chain, claim.seq) == claim.attempt_id:
-            log.info("%s already committed (a retry): finishing its publication", claim.label)
-            staging.publish(archive, self.topic, claim.attempt_id)
-            return
         with fail_fast():
-            fence.check_live(archive, claim)
+            commit.check_live(storage(cfg), claim)
             kafka = kafka_conf()
             kafka.spark_options()  # a setting Spark cannot use fails here, before submitting
         self.application_args = ["--topic", self.topic, "--claim", claim.key]

@@ -29,19 +29,18 @@ import secrets
 import string
 import sys
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
 
 import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
-from cairn import fastpath, fence, manifest
+from cairn import commit, fastpath, manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.errors import permanent_exit
 from cairn.formats import registries_from_env
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn.plan import kafka_assign_json, kafka_json_offsets
-from cairn.run import Planned, load_planned
+from cairn.run import Planned, load_planned, save_attempt
 from cairn.storage import Storage, options_from_env
 from cairn.writer import PartitionResult, write_partition
 
@@ -92,7 +91,7 @@ def archive(
     the plan's, so a retried or duplicated job of the same attempt writes the same bytes.
     """
     storage = Storage(cfg.root.storage_url, **options)
-    fence.check_live(storage, planned.claim)
+    commit.check_live(storage, planned.claim)
     for key, value in ARROW_CONF.items():
         spark.conf.set(key, value)
     staged_url = planned.staged(storage).url
@@ -132,22 +131,7 @@ def archive(
             f"{kafka.describe()}: Spark's Kafka client was refused: {'; caused by '.join(causes)}"
         ) from None
     results = [PartitionResult.model_validate_json(row.result) for row in rows]
-    attempt = manifest.Manifest(
-        topic=planned.topic,
-        attempt_id=planned.attempt_id,
-        run_id=planned.run_id,
-        generation=cfg.generation,
-        ranges=planned.plan.to_read,
-        records_read={r.partition: r.records for r in results if r.partition is not None},
-        files=[entry for r in results for entry in r.files],
-        processing_time=processing_time,
-        created_at=datetime.now(UTC),
-        gaps=planned.plan.gaps,
-        parses=cfg.parses,
-    )
-    fence.check_live(storage, planned.claim)
-    manifest.save(storage, attempt)
-    return attempt
+    return save_attempt(cfg, storage, planned, results)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

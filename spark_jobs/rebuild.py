@@ -2,8 +2,8 @@
 
 Only adapts Spark to the core: each backup file the selection names becomes one Spark task that
 re-parses the records it must (`cairn.rebuild.rebuild_source`) into the rebuild's staging area;
-the driver then replaces the dates' files, or refuses and changes nothing
-(`cairn.rebuild.finish_rebuild`).
+the driver saves what each task staged in the attempt's manifest. It commits nothing: the
+rebuild DAG's `commit` task does (`cairn.rebuild.commit_rebuild`), as an archive run's does.
 
     spark-submit spark_jobs/rebuild.py --topic T --claim _claims/<topic>/rebuild/<seq>-<k>.json
 
@@ -24,18 +24,17 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from cairn import fence, staging
+from cairn import commit
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.errors import permanent_exit
 from cairn.formats import registries_from_env
 from cairn.rebuild import (
-    RebuildManifest,
     RebuildResult,
     Selection,
     Source,
-    finish_rebuild,
     load_selection,
     rebuild_source,
+    save_attempt,
 )
 from cairn.storage import Storage, options_from_env
 
@@ -45,18 +44,12 @@ from cairn.storage import Storage, options_from_env
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def rebuild(
-    spark: SparkSession, chosen: Selection, cfg: TopicConfig, options: dict
-) -> RebuildManifest:
-    """Stage the re-derived files from the chosen backup files, then replace the dates' files."""
+def rebuild(spark: SparkSession, chosen: Selection, cfg: TopicConfig, options: dict) -> str:
+    """Stage the files re-derived from the chosen backup files; return the manifest's key."""
     storage = Storage(cfg.root.storage_url, **options)
-    claim = chosen.claim
-    if fence.decided_for(storage, claim.topic, "rebuild", claim.seq) == claim.attempt_id:
-        return finish_rebuild(storage, cfg, chosen, [])  # a retry after it committed
-    fence.check_live(storage, claim)
-    url = storage.url
+    commit.check_live(storage, chosen.claim)
     registries = registries_from_env()  # Schema Registry client configs, for avro topics
-    staged_url = staging.staged(storage, chosen.snapshot.topic, chosen.claim.attempt_id).url
+    url, staged_url = storage.url, commit.staged(storage, chosen.claim).url
     sources = [s.model_dump_json() for s in chosen.sources]
 
     def one(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -75,7 +68,8 @@ def rebuild(
     tasks = spark.range(0, len(sources), 1, max(1, len(sources)))
     rows = tasks.mapInArrow(one, "result string").collect()
     results = [RebuildResult.model_validate_json(row.result) for row in rows]
-    return finish_rebuild(storage, cfg, chosen, results)
+    commit.check_live(storage, chosen.claim)
+    return save_attempt(storage, chosen, results)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -94,10 +88,10 @@ def run(spark: SparkSession, argv: Sequence[str]) -> str:
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
     chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
-    done = rebuild(spark, chosen, cfg, options)
+    key = rebuild(spark, chosen, cfg, options)
     return (
-        f"rebuilt {cfg.topic} {', '.join(map(str, done.dates))} from {len(done.sources)} backup "
-        f"files: {len(done.files)} files written, {len(done.removed)} removed"
+        f"re-derived {cfg.topic} {', '.join(map(str, chosen.dates))} from "
+        f"{len(chosen.sources)} backup files into the attempt's staging; manifest {key}"
     )
 
 

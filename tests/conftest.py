@@ -33,8 +33,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
-    *ports, connect = free_port_block(13, step=2)
-    kafka, s3, master, volume, filer, airflow, health, spark, spark_ui, worker_ui, pg, sasl = ports
+    *ports, connect = free_port_block(14, step=2)
+    (
+        kafka,
+        s3,
+        master,
+        volume,
+        filer,
+        airflow,
+        health,
+        spark,
+        spark_ui,
+        worker_ui,
+        pg,
+        sasl,
+        *more,
+    ) = ports
+    (metrics,) = more
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka,
@@ -44,6 +59,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         seaweed_master_port=master,
         seaweed_volume_port=volume,
         seaweed_filer_port=filer,
+        seaweed_metrics_port=metrics,
         airflow_port=airflow,
         airflow_health_port=health,
         spark_cluster_port=spark,

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Literal
 import fastavro
 from pydantic import BaseModel, Field, ValidationError
 
-from cairn import fence, kafka_meta, manifest, tokens
+from cairn import commit, kafka_meta, manifest, tokens
 from cairn.errors import PermanentError
 from cairn.kafka_conf import KafkaConf
 from cairn.layout import completeness_key, date_folder, folder_date, parse_data_key, success_key
-from cairn.rebuild import RebuildManifest, day_files
+from cairn.rebuild import day_files
 from cairn.storage import Storage
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def complete_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: s
     if not cfg.tracks_completeness or cfg.lateness is None:
         return Completion(topic=topic)
     state = load_state(storage, topic)
-    newest = tokens.newest(storage, topic)
+    newest = commit.newest(storage, topic)
     if newest is None:
         return Completion(topic=topic, through=state.through)
     fresh = _tokens_since(storage, topic, state, newest)
@@ -229,17 +229,18 @@ def complete_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: s
     return done
 
 
-def rebuilt(cfg: TopicConfig, storage: Storage, done: RebuildManifest) -> Completion:
-    """Re-mark the complete dates a rebuild changed: its dates and those its records moved to."""
+def rebuilt(cfg: TopicConfig, storage: Storage, done: tokens.Token) -> Completion:
+    """Re-mark the complete dates a rebuild (token `done`) changed: its dates and those its
+    records moved to."""
     topic = cfg.topic
-    assert topic is not None
+    assert topic is not None and done.rebuilt is not None
     if not cfg.tracks_completeness:
         return Completion(topic=topic)
     state = load_state(storage, topic)
-    changed = set(done.dates) | _file_dates(cfg, (f.key for f in done.files))
+    changed = set(done.rebuilt.dates) | _file_dates(cfg, done.adds)
     amended = sorted(d for d in changed if state.through is not None and d <= state.through)
-    newest = tokens.newest(storage, topic)
-    seq = newest.seq if newest else done.snapshot_seq
+    newest = commit.newest(storage, topic)
+    seq = newest.seq if newest else done.seq
     for day in amended:
         write_marker(storage, cfg, day, seq, "rebuilt", rebuild_seq=done.seq)
     return Completion(topic=topic, through=state.through, amended=amended)
@@ -335,24 +336,27 @@ def save_state(storage: Storage, state: State) -> None:
 def _tokens_since(
     storage: Storage, topic: str, state: State, newest: tokens.Token
 ) -> list[tokens.Token]:
-    """The tokens committed since the state's, oldest first (after a rewind: since the newest
-    token that the rewind left)."""
-    seqs = fence.link_seqs(storage, topic, "archive")
+    """The archive tokens committed since the state's, oldest first (after a rewind: since the
+    newest token that the rewind left). Reads only tokens above the state's."""
     base = state.seq
     if base and base <= newest.seq:
-        link = fence.read_link(storage, topic, "archive", base)
-        if link is not None and link.created_at == state.token_created_at:
-            return [tokens.token_at(storage, topic, s) for s in seqs if s > base]
-    if base:
-        log.info("topic %s: token %s changed (a rewind): re-reading later tokens", topic, base)
-        remembered = state.token_created_at
-        base = 0
-        for seq in reversed([s for s in seqs if s <= state.seq]):
-            link = fence.read_link(storage, topic, "archive", seq)
-            if link is not None and remembered is not None and link.created_at <= remembered:
-                base = seq
-                break
-    return [tokens.token_at(storage, topic, s) for s in seqs if s > base]
+        kept = tokens.read(storage, topic, base)
+        if kept is None or kept.created_at != state.token_created_at:
+            log.info("topic %s: token %s changed (a rewind): re-reading later tokens", topic, base)
+            base = _left_by_rewind(storage, topic, base, state.token_created_at)
+    elif base:
+        base = _left_by_rewind(storage, topic, newest.seq, state.token_created_at)
+    found = (tokens.read(storage, topic, s) for s in tokens.seqs(storage, topic, after=base))
+    return [t for t in found if t is not None and t.kind == "archive"]
+
+
+def _left_by_rewind(storage: Storage, topic: str, below: int, remembered: datetime | None) -> int:
+    """The newest token at or below `below` that existed when the state was saved."""
+    for seq in range(below, 0, -1):
+        token = tokens.read(storage, topic, seq)
+        if token is not None and remembered is not None and token.created_at <= remembered:
+            return seq
+    return 0
 
 
 def _dates_written(storage: Storage, cfg: TopicConfig, committed: list[tokens.Token]) -> set[date]:

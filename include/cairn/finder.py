@@ -4,13 +4,14 @@ The token chain is ordered by position: per partition, each token's `next_offset
 its predecessor's. So a binary search over the chain finds the run that read an offset (a few
 token reads however long the history), and that run's manifest names the backup file holding the
 offset and the partitioned and quarantine files its records went to, with their offset spans: only
-files whose span holds the offset are opened. A rebuild replaces a date's partitioned and
-quarantine files; its link (`cairn.rebuild.RebuildManifest`) lists the files it wrote and removed
-and the backup files it re-derived from, so what a key holds now is decided by the newest of the
-writes and removals that name it.
+files whose span holds the offset are opened (a run that adopted rewound files after a rewind
+finds them in the backup folder). A rebuild replaces a date's partitioned and quarantine files;
+its token lists the files it removed and its manifest the files it wrote, with the backup files it
+re-derived from, so what a key holds now is decided by the newest of the writes and removals that
+name it.
 
 The CLI and the overview page ask the same questions through `ArchiveIndex`, which reads each
-token, manifest and rebuild link at most once.
+token and manifest at most once.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from datetime import date, datetime
 from typing import Any
 
 import fastavro
+from pydantic import BaseModel, ValidationError
 
-from cairn import fence, manifest, tokens
+from cairn import manifest, rewind, tokens
 from cairn.config import TopicConfig, resolve
-from cairn.layout import DataFile, parse_data_key
+from cairn.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
 from cairn.manifest import FileEntry, Manifest
-from cairn.rebuild import RebuildManifest, day_files, read_rebuild
+from cairn.rebuild import day_files, load_attempt
 from cairn.storage import Storage
 
 
@@ -55,15 +57,27 @@ class FoundRecord:
     output_record: dict[str, Any] | None
 
 
+class Rebuild(BaseModel):
+    """What a rebuild wrote and removed (a rebuild token, or a link of the `_rebuilds/` chain
+    that rebuilds committed to before they joined the token chain)."""
+
+    seq: int
+    created_at: datetime
+    dates: list[date]
+    sources: list[str]
+    files: list[FileEntry]
+    removed: list[str]
+
+
 class ArchiveIndex:
-    """One topic's committed history (tokens, their manifests, rebuild links), read lazily once."""
+    """One topic's committed history (its tokens and their manifests), read lazily once."""
 
     def __init__(self, storage: Storage, topic: str) -> None:
         self.storage, self.topic = storage, topic
-        self.seqs = fence.link_seqs(storage, topic, "archive")
+        self.seqs = tokens.seqs(storage, topic)
         self._tokens: dict[int, tokens.Token] = {}
         self._manifests: dict[str, Manifest] = {}
-        self._rebuilds: list[RebuildManifest] | None = None
+        self._rebuilds: list[Rebuild] | None = None
 
     def token(self, seq: int) -> tokens.Token:
         if seq not in self._tokens:
@@ -83,19 +97,35 @@ class ArchiveIndex:
         return dict(newest.next_offsets) if newest else {}
 
     def manifest(self, token: tokens.Token) -> Manifest | None:
-        """The manifest of the attempt that committed `token` (None for a run that read nothing)."""
-        if token.manifest is None:
+        """The manifest of the archive run that committed `token` (None for a run that read
+        nothing, or another kind of token)."""
+        if token.manifest is None or token.kind != "archive":
             return None
         if token.manifest not in self._manifests:
             self._manifests[token.manifest] = manifest.load(self.storage, token.manifest)
         return self._manifests[token.manifest]
 
-    def rebuilds(self) -> list[RebuildManifest]:
-        """Every rebuild link of the topic, oldest first."""
+    def rebuilds(self) -> list[Rebuild]:
+        """Every rebuild of the topic, oldest first (the rebuild tokens, and the older chain)."""
         if self._rebuilds is None:
-            seqs = fence.link_seqs(self.storage, self.topic, "rebuild")
-            found = (read_rebuild(self.storage, self.topic, seq) for seq in seqs)
-            self._rebuilds = [r for r in found if r is not None]
+            legacy = self.storage.list_after(legacy_rebuilds_folder(self.topic), "")
+            found = [r for key in legacy if (r := _legacy_rebuild(self.storage, key))]
+            for seq in self.seqs:
+                token = self.token(seq)
+                if token.kind != "rebuild" or token.rebuilt is None or token.manifest is None:
+                    continue
+                written = load_attempt(self.storage, token.manifest).files
+                found.append(
+                    Rebuild(
+                        seq=seq,
+                        created_at=token.created_at,
+                        dates=token.rebuilt.dates,
+                        sources=token.rebuilt.sources,
+                        files=written,
+                        removed=token.replaces,
+                    )
+                )
+            self._rebuilds = sorted(found, key=lambda r: r.created_at)
         return self._rebuilds
 
     def covering(self, partition: int, offset: int) -> tokens.Token | None:
@@ -117,7 +147,9 @@ class ArchiveIndex:
         for seq in self.seqs[self.seqs.index(first.seq) :]:
             token = self.token(seq)
             found = self.manifest(token)
-            entries = [] if found is None else found.files
+            entries = [] if found is None else list(found.files)
+            if partition in token.adopted:
+                entries += self._adopted(partition, *token.adopted[partition])
             for e in sorted(entries, key=lambda e: e.first_offset):
                 if (
                     e.kind == "backup"
@@ -128,6 +160,12 @@ class ArchiveIndex:
                     yield Located(e, f"token {token.seq}", token.created_at)
             if token.next_offsets.get(partition, 0) >= end:
                 return
+
+    def _adopted(self, partition: int, first: int, end: int) -> list[FileEntry]:
+        """The rewound backup files a run kept for `[first, end)` of `partition`."""
+        found = rewind.backups_from(self.storage, self.topic, partition, first)
+        entries = (rewind.entry_of(self.storage, f) for f in found if f.first_offset < end)
+        return [e for e in entries if e is not None]
 
     def entry(self, key: str) -> Located | None:
         """What the history says `key` holds now; None if nothing committed it, or a later
@@ -203,6 +241,15 @@ class ArchiveIndex:
             if row is not None:
                 return here, row
         return None, None
+
+
+def _legacy_rebuild(storage: Storage, key: str) -> Rebuild | None:
+    if link_seq(key) is None:
+        return None
+    try:
+        return Rebuild.model_validate_json(storage.read(key))
+    except (FileNotFoundError, ValidationError, ValueError):
+        return None
 
 
 def read_records(storage: Storage, key: str) -> Iterator[dict[str, Any]]:

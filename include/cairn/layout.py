@@ -70,43 +70,43 @@ def data_prefixes(topic: str) -> list[str]:
     return [f"{kind}/{check_topic(topic)}/" for kind in DATA_KINDS]
 
 
-Chain = Literal["archive", "rebuild"]
-"""The two histories a topic has: archive runs (tokens) and rebuild operations."""
-
-_CHAIN_DIRS: dict[str, str] = {"archive": "_tokens", "rebuild": "_rebuilds"}
-
-
-def chain_folder(topic: str, chain: Chain) -> str:
-    """Where a chain's links live: `_tokens/<topic>/` or `_rebuilds/<topic>/`."""
-    return f"{_CHAIN_DIRS[chain]}/{check_topic(topic)}/"
+def chain_folder(topic: str) -> str:
+    """Where a topic's tokens live: every commit is one (`cairn.tokens`)."""
+    return f"_tokens/{check_topic(topic)}/"
 
 
-def chain_key(topic: str, chain: Chain, seq: int) -> str:
-    """Link `seq` of a chain (for archive: token `seq`)."""
+def token_key(topic: str, seq: int) -> str:
+    """Token `seq` of a topic's chain."""
     if not 0 <= seq < 10**12:
         raise ValueError(f"sequence number {seq} out of range")
-    return f"{chain_folder(topic, chain)}{seq:012d}.json"
+    return f"{chain_folder(topic)}{seq:012d}.json"
 
 
 def link_seq(key: str) -> int | None:
-    """The sequence number of a chain link's key, or None if `key` is not one."""
+    """The sequence number of a token's key, or None if `key` is not one."""
     match = _LINK_RE.fullmatch(key.rsplit("/", 1)[-1])
     return int(match.group(1)) if match else None
 
 
-def token_key(topic: str, seq: int) -> str:
-    return chain_key(topic, "archive", seq)
+def head_key(topic: str) -> str:
+    """Where the newest commit records its seq: where a search for the newest token starts."""
+    return f"_heads/{check_topic(topic)}.json"
 
 
-def claims_folder(topic: str, chain: Chain) -> str:
-    return f"_claims/{check_topic(topic)}/{chain}/"
+def legacy_rebuilds_folder(topic: str) -> str:
+    """Where rebuilds committed before they joined the token chain (read for history only)."""
+    return f"_rebuilds/{check_topic(topic)}/"
 
 
-def claim_key(topic: str, chain: Chain, seq: int, k: int) -> str:
-    """Claim `k` on link `seq`; the claims of one seq sort by `k`, the newest is live."""
+def claims_folder(topic: str, kind: str) -> str:
+    return f"_claims/{check_topic(topic)}/{kind}/"
+
+
+def claim_key(topic: str, kind: str, seq: int, k: int) -> str:
+    """Claim `k` on token `seq`; the claims of one seq sort by `k`, the newest is live."""
     if not 0 < k < 10**6:
         raise ValueError(f"claim number {k} out of range")
-    return f"{claims_folder(topic, chain)}{seq:012d}-{k:06d}.json"
+    return f"{claims_folder(topic, kind)}{seq:012d}-{k:06d}.json"
 
 
 def claim_numbers(key: str) -> tuple[int, int] | None:
@@ -133,6 +133,11 @@ def check_id(attempt_id: str) -> str:
 
 def manifest_key(topic: str, attempt_id: str) -> str:
     return f"_manifests/{check_topic(topic)}/{check_id(attempt_id)}.json"
+
+
+def pending_key(topic: str, attempt_id: str) -> str:
+    """Present while a committed attempt's files are not all in their data folders yet."""
+    return f"_publishing/{check_topic(topic)}/{check_id(attempt_id)}.json"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from datetime import date
 import fastavro
 from pydantic import BaseModel
 
-from cairn import completeness, status, tokens
+from cairn import commit, completeness, status
 from cairn.config import TopicConfig
 from cairn.layout import folder_date, parse_data_key
 from cairn.status import RunRecord
@@ -131,7 +131,7 @@ def quarantine_reasons(
 
 def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> TopicOverview:
     topic = cfg.topic
-    token = tokens.newest(storage, topic)
+    token = commit.newest(storage, topic)
     last = recent[0] if recent else None
     oldest_first = list(reversed(recent))
     return TopicOverview(

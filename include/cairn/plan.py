@@ -7,6 +7,7 @@ is decided here once and tested without Kafka.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, Field, NonNegativeInt
@@ -44,6 +45,16 @@ class PartitionVanished(PlanError):
     """A partition the archive has read from no longer exists in Kafka."""
 
 
+class Span(NamedTuple):
+    """A rewound backup file: archived by a run whose token a rewind deleted, at or after the
+    position. Every parsed and quarantine file of its records lies within `[first, last]`."""
+
+    first: int
+    last: int
+    keep: bool = False
+    """Its records must not be read again whatever Kafka holds (they are sealed)."""
+
+
 class Plan(BaseModel):
     """The offsets one run reads: `[start, end)` per partition (start == end: nothing new).
 
@@ -54,6 +65,11 @@ class Plan(BaseModel):
     ranges: dict[NonNegativeInt, tuple[NonNegativeInt, NonNegativeInt]]
     capped: bool
     gaps: list[Gap] = Field(default_factory=list)
+    adopted: dict[NonNegativeInt, tuple[NonNegativeInt, NonNegativeInt]] = Field(
+        default_factory=dict
+    )
+    """Per partition, rewound offsets `[from, to)` that stay archived as they are instead of
+    being read again (Kafka no longer holds them, the topic is compacted, or they are sealed)."""
 
     @property
     def empty(self) -> bool:
@@ -78,33 +94,54 @@ def plan(
     new_partition_start: NewPartitionStart,
     accept_gaps: bool,
     topic_id: str | None = None,
+    rewound: Mapping[int, list[Span]] | None = None,
+    compacted: bool = False,
+    planned_before: bool = False,
 ) -> Plan:
     """Read each partition from the token's offset up to the high watermark, at most `cap` records.
 
-    Partitions the token does not know start at `new_partition_start`. A partition that appeared
-    after the token but already lost records to retention is a gap too: those records were
-    written after the last run and never archived. `topic_id` is Kafka's id of the topic now;
-    a token that recorded another id belongs to a deleted topic of the same name.
+    `latest` starts partitions at their end only on the topic's first run (no token, nothing
+    archived, never `planned_before`): a partition that appears later is read from its first
+    offset, and a partition that already lost records to retention then is a gap too. So a
+    topic whose every token was deleted by hand is read from Kafka's first offset, never
+    skipping what its runs had not archived yet. `topic_id` is Kafka's id of the
+    topic now; a token that recorded another id belongs to a deleted topic of the same name.
+
+    `rewound` are the files a rewind left at or after the position (`cairn.rewind`). Those that
+    cannot be read again (below Kafka's low watermark, any on a `compacted` topic, or kept) are
+    adopted, with everything before them: the run starts after them and keeps them as they are,
+    so no gap is ever declared for offsets the archive holds. A range never ends inside a
+    rewound file, so the commit that supersedes it covers all of its records.
     """
     if cap < 1:
         raise ValueError(f"per-run cap must be positive, got {cap}")
     if token is not None and token.topic_id and topic_id and token.topic_id != topic_id:
         raise TopicRecreated(_recreated_message(topic, token, topic_id))
     known = token.next_offsets if token else {}
+    rewound = rewound or {}
     vanished = sorted(set(known) - set(partitions))
     if vanished:
         raise PartitionVanished(
             f"topic {topic!r}: partitions {vanished} were archived but Kafka no longer has them; "
             "the topic was probably deleted and recreated with fewer partitions"
         )
-    ranges, gaps = {}, []
+    first_run = token is None and not any(rewound.values()) and not planned_before
+    ranges, gaps, adopted = {}, [], {}
     for p, (low, high) in sorted(partitions.items()):
+        spans = sorted(rewound.get(p, ()))
         if p in known:
             start = known[p]
-        elif new_partition_start == "latest":
+        elif spans:
+            start = spans[0].first  # the rewind deleted every token that knew p
+        elif first_run and new_partition_start == "latest":
             start = high
         else:
-            start = 0 if token else low
+            start = low if token is None else 0
+        kept = [s for s in spans if s.keep or compacted or s.first < low]
+        if kept:
+            end_kept = max(s.last for s in kept) + 1
+            adopted[p] = (start, end_kept)
+            start = end_kept
         if start > high:
             raise OffsetAheadOfKafka(_ahead_message(topic, p, start, low, high))
         if start < low:
@@ -116,9 +153,15 @@ def plan(
                 )
             gaps.append(Gap(partition=p, from_offset=start, to_offset=low))
             start = low
-        ranges[p] = (start, min(high, start + cap))
+        end = min(high, start + cap)
+        for span in spans:  # never end inside a rewound file
+            if span.first < end <= span.last:
+                end = span.last + 1
+        if end > high:
+            raise OffsetAheadOfKafka(_ahead_message(topic, p, end, low, high))
+        ranges[p] = (start, end)
     capped = any(end < partitions[p].high for p, (_, end) in ranges.items())
-    return Plan(topic=topic, ranges=ranges, capped=capped, gaps=gaps)
+    return Plan(topic=topic, ranges=ranges, capped=capped, gaps=gaps, adopted=adopted)
 
 
 def kafka_json_offsets(topic: str, plan: Plan) -> tuple[str, str]:

@@ -9,18 +9,18 @@ written again exactly once, whichever dates a fix moves records between; records
 R stay where they are (rebuild their dates to re-derive them). If any record cannot be accounted
 for, the rebuild refuses and changes nothing.
 
-Step by step (the rebuild DAG runs them; `rebuild_source` runs on Spark executors, one task per
-backup file):
-1. `select`: finish publications a crash interrupted; snapshot the newest token (files committed
-   after it are left alone); list R's files below the snapshot; find each file's backup source
-   in its Avro header (`cairn.source`, `cairn.processing_time`); claim the next link of the
-   topic's rebuild chain (`cairn.fence`), storing the selection in the claim.
+A rebuild is an attempt of the one commit protocol (`cairn.commit`), step by step (the rebuild
+DAG runs them; `rebuild_source` runs on Spark executors, one task per backup file):
+1. `select`: take the newest token (files committed after it are left alone); list R's files
+   below its position; find each file's backup source in its Avro header (`cairn.source`,
+   `cairn.processing_time`); claim a rebuild attempt, storing the selection in the claim.
 2. `rebuild_source`: read the source's files in R to learn which records to re-derive, re-parse
    exactly those from the backup with the archive attempt's processing time, and stage the new
-   files (`cairn.staging`).
-3. `finish_rebuild`: check that every record was written once and nothing outside the selection
-   would be overwritten; check the claim and that the topic was not rewound; store the
-   publication (new files in, R's old files out), create the rebuild link, publish.
+   files. The Spark job saves what each source gave in the attempt's manifest.
+3. `commit_rebuild` (an Airflow task, like an archive run's commit): check that every record was
+   written once, then commit through `cairn.commit.commit` with the requirements that the files
+   it replaces are unchanged, that its new files overwrite nothing else, and that the topic was
+   not rewound below what it read. Archive runs that committed meanwhile do not stop it.
 
 Selection costs a listing of R's folders and one header read per file, however long the
 topic's history is; the selection reaches Spark by reference (the claim object).
@@ -38,22 +38,23 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import fastavro
-from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, Field, NonNegativeInt, ValidationError
 
-from cairn import fence, staging, tokens
+from cairn import commit
 from cairn.avro import millis, read_metadata
 from cairn.errors import PermanentError
 from cairn.formats import Registries
 from cairn.layout import (
     DataFile,
-    chain_key,
     check_topic,
     date_prefix,
     folder_date,
+    manifest_key,
     parse_data_key,
 )
 from cairn.manifest import FileEntry, VerificationFailed
 from cairn.storage import Storage
+from cairn.tokens import Rebuilt, Token
 from cairn.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
 
 if TYPE_CHECKING:
@@ -63,17 +64,7 @@ _HEADER_BYTES = 64 * 1024
 
 
 class RebuildRefused(PermanentError):
-    """Finishing would lose or double records, or touch files outside the snapshot."""
-
-
-class Snapshot(BaseModel):
-    """The newest token when the rebuild started: it works only on files committed below it."""
-
-    topic: str
-    seq: PositiveInt
-    next_offsets: dict[NonNegativeInt, NonNegativeInt]
-    created_at: datetime
-    """With `seq`, tells `finish_rebuild` whether the topic was rewound meanwhile."""
+    """Finishing would lose or double records, or touch files outside the selection."""
 
 
 class Source(BaseModel):
@@ -86,16 +77,20 @@ class Source(BaseModel):
     key: str
     partition: NonNegativeInt
     processing_time: datetime
-    files: list[str]
+    files: dict[str, str]
+    """R's files holding its records, with their versions (`Storage.version`) when selected."""
 
 
 class Selection(BaseModel):
     """What one rebuild operation re-derives; stored in its claim."""
 
-    claim: fence.Claim
+    claim: commit.Claim
     dates: list[date]
-    snapshot: Snapshot
     sources: list[Source]
+
+    @property
+    def manifest_key(self) -> str:
+        return manifest_key(self.claim.topic, self.claim.attempt_id)
 
 
 class RebuildResult(BaseModel):
@@ -109,19 +104,17 @@ class RebuildResult(BaseModel):
     files: list[FileEntry] = Field(default_factory=list)
 
 
-class RebuildManifest(BaseModel):
-    """A finished rebuild: link `seq` of the topic's rebuild chain."""
+class RebuildAttempt(BaseModel):
+    """What a rebuild's Spark job staged, source by source: its attempt manifest."""
 
-    seq: PositiveInt
     topic: str
     attempt_id: str
-    dates: list[date]
-    snapshot_seq: PositiveInt
-    generation: PositiveInt
-    sources: list[str]
-    files: list[FileEntry]
-    removed: list[str]
+    results: list[RebuildResult]
     created_at: datetime
+
+    @property
+    def files(self) -> list[FileEntry]:
+        return [f for r in self.results for f in r.files]
 
 
 def select(
@@ -129,36 +122,106 @@ def select(
 ) -> Selection | None:
     """Claim a rebuild of `dates`; None if there is nothing to re-derive there."""
     topic = cfg.topic
-    staging.settle(storage, topic)
-    newest = tokens.newest(storage, topic)
+    newest = commit.settle(storage, topic)
     if newest is None:
         return None
-    snap = Snapshot(
-        topic=topic, seq=newest.seq, next_offsets=newest.next_offsets, created_at=newest.created_at
-    )
+    position = newest.next_offsets
     days = sorted(set(dates))
-    files = [
-        f
+    files = {
+        f: version
         for day in days
-        for f in day_files(storage, topic, cfg.path_format, day)
-        if f.first_offset < snap.next_offsets.get(f.partition, 0)
-    ]
+        for f, version in day_versions(storage, topic, cfg.path_format, day).items()
+        if f.first_offset < position.get(f.partition, 0)
+    }
     if not files:
         return None
     sources = _sources(storage, topic, files)
 
-    def made(claim: fence.Claim) -> Selection:
-        return Selection(claim=claim, dates=days, snapshot=snap, sources=sources)
+    def made(claim: commit.Claim) -> Selection:
+        return Selection(claim=claim, dates=days, sources=sources)
 
-    base = fence.newest_link(storage, topic, "rebuild")
-    claim = fence.claim(
-        storage, topic, "rebuild", base, run_id, lambda c: made(c).model_dump_json().encode()
+    claim = commit.claim(
+        storage, topic, "rebuild", newest, run_id, lambda c: made(c).model_dump_json().encode()
     )
     return made(claim)
 
 
 def load_selection(storage: Storage, claim_key: str) -> Selection:
     return Selection.model_validate_json(storage.read(claim_key))
+
+
+def save_attempt(storage: Storage, chosen: Selection, results: list[RebuildResult]) -> str:
+    """Store what the Spark job staged (the commit task reads it)."""
+    attempt = RebuildAttempt(
+        topic=chosen.claim.topic,
+        attempt_id=chosen.claim.attempt_id,
+        results=results,
+        created_at=datetime.now(UTC),
+    )
+    storage.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
+    return chosen.manifest_key
+
+
+def load_attempt(storage: Storage, key: str) -> RebuildAttempt:
+    try:
+        return RebuildAttempt.model_validate_json(storage.read(key))
+    except (ValidationError, ValueError) as err:
+        raise VerificationFailed(f"rebuild manifest {key} is unreadable: {err}") from None
+
+
+def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Token:
+    """Replace R's files by the re-derived ones, or refuse and change nothing (see module doc).
+
+    Safe to retry: a rebuild that already committed returns its token (its publication
+    finished); one refused discards its staged files."""
+    claim = chosen.claim
+
+    def change() -> commit.Change:
+        results = load_attempt(storage, chosen.manifest_key).results
+        new_files = _accounted(chosen, results)
+        verify_rebuild(commit.staged(storage, claim), new_files)
+        old = {key: version for s in chosen.sources for key, version in s.files.items()}
+        new = {f.key: f.bytes for f in new_files}
+        return commit.Change(
+            requirements=[
+                commit.NotRewound(),
+                commit.FilesCurrent(old),
+                commit.NothingOverwritten(new, old),
+            ],
+            adds=new,
+            replaces=sorted(old),
+            fields={
+                "generation": cfg.generation,
+                "manifest": chosen.manifest_key,
+                "rebuilt": Rebuilt(
+                    dates=chosen.dates,
+                    snapshot_seq=claim.base_seq,
+                    sources=[s.key for s in chosen.sources],
+                ),
+            },
+        )
+
+    try:
+        return commit.commit(storage, claim, change)
+    except PermanentError:
+        commit.discard(storage, claim)
+        raise
+
+
+def _accounted(chosen: Selection, results: list[RebuildResult]) -> list[FileEntry]:
+    """The new files, once every record of the selection is accounted for."""
+    unaccounted = [r for r in results if r.missing or r.records != r.expected]
+    done = {r.source for r in results}
+    if unaccounted or done != {s.key for s in chosen.sources}:
+        detail = "; ".join(
+            f"{r.source} lacks offsets {r.missing} of the files it should hold" for r in unaccounted
+        )
+        raise RebuildRefused(
+            f"topic {chosen.claim.topic!r} {_dates(chosen.dates)}: not every record could be "
+            f"re-derived from its backup ({detail or 'a source was not rebuilt'}); nothing was "
+            "changed"
+        )
+    return [f for r in results for f in r.files]
 
 
 def rebuild_source(
@@ -233,82 +296,10 @@ def verify_rebuild(staged: Storage, new_files: list[FileEntry]) -> None:
         raise VerificationFailed("rebuild: " + "; ".join(problems))
 
 
-def finish_rebuild(
-    storage: Storage, cfg: TopicConfig, chosen: Selection, results: list[RebuildResult]
-) -> RebuildManifest:
-    """Replace R's files by the re-derived ones, or refuse and change nothing (see module doc)."""
-    claim = chosen.claim
-    topic = chosen.snapshot.topic
-    if fence.decided_for(storage, topic, "rebuild", claim.seq) == claim.attempt_id:
-        # A retry after this attempt committed: its staging may be half published already, so
-        # checking it again would fail and discard the rest. Only publishing is left to do.
-        staging.publish(storage, topic, claim.attempt_id)
-        return read_rebuild(storage, topic, claim.seq)
-    try:
-        manifest = _decide(storage, cfg, chosen, results)
-    except PermanentError:
-        staging.discard(storage, topic, claim.attempt_id)
-        raise
-    staging.publish(storage, topic, claim.attempt_id)
-    return manifest
-
-
-def read_rebuild(storage: Storage, topic: str, seq: int) -> RebuildManifest | None:
-    """Link `seq` of the topic's rebuild chain, if it exists."""
-    try:
-        raw = storage.read(chain_key(topic, "rebuild", seq))
-    except FileNotFoundError:
-        return None
-    return RebuildManifest.model_validate_json(raw)
-
-
-def _decide(
-    storage: Storage, cfg: TopicConfig, chosen: Selection, results: list[RebuildResult]
-) -> RebuildManifest:
-    claim, snap = chosen.claim, chosen.snapshot
-    unaccounted = [r for r in results if r.missing or r.records != r.expected]
-    if unaccounted or len(results) != len(chosen.sources):
-        detail = "; ".join(
-            f"{r.source} lacks offsets {r.missing} of the files it should hold" for r in unaccounted
-        )
-        raise RebuildRefused(
-            f"topic {snap.topic!r} {_dates(chosen.dates)}: not every record could be re-derived "
-            f"from its backup ({detail or 'a source was not rebuilt'}); nothing was changed"
-        )
-    new_files = [f for r in results for f in r.files]
-    staged = staging.staged(storage, snap.topic, claim.attempt_id)
-    verify_rebuild(staged, new_files)
-    old = {key for s in chosen.sources for key in s.files}
-    new = {f.key for f in new_files}
-    foreign = sorted(key for key in new - old if storage.exists(key))
-    if foreign:
-        raise RebuildRefused(
-            f"topic {snap.topic!r} {_dates(chosen.dates)}: the new files would replace "
-            f"{', '.join(foreign[:5])}, which this rebuild did not select; nothing was changed"
-        )
-    _check_not_rewound(storage, snap)
-    manifest = RebuildManifest(
-        seq=claim.seq,
-        topic=snap.topic,
-        attempt_id=claim.attempt_id,
-        dates=chosen.dates,
-        snapshot_seq=snap.seq,
-        generation=cfg.generation,
-        sources=[s.key for s in chosen.sources],
-        files=new_files,
-        removed=sorted(old - new),
-        created_at=datetime.now(UTC),
-    )
-    publication = staging.Publication(move=sorted(new), delete=manifest.removed)
-    staging.prepare(storage, snap.topic, claim.attempt_id, publication)
-    fence.commit(storage, claim, manifest.model_dump_json(indent=2).encode())
-    return manifest
-
-
-def _sources(storage: Storage, topic: str, files: list[DataFile]) -> list[Source]:
+def _sources(storage: Storage, topic: str, files: dict[DataFile, str]) -> list[Source]:
     """Group R's files by the backup file holding their records (named in each header)."""
     grouped: dict[str, Source] = {}
-    for f in files:
+    for f, version in files.items():
         try:
             meta = read_metadata(storage.read_head(f.key, _HEADER_BYTES))
         except (EOFError, ValueError):  # a header larger than the first read
@@ -326,10 +317,10 @@ def _sources(storage: Storage, topic: str, files: list[DataFile]) -> list[Source
                 key=key,
                 partition=named.partition,
                 processing_time=datetime.fromisoformat(when),
-                files=[],
+                files={},
             ),
         )
-        source.files.append(f.key)
+        source.files[f.key] = version
     return sorted(grouped.values(), key=lambda s: (s.partition, s.key))
 
 
@@ -370,18 +361,27 @@ def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[di
             yield record
 
 
-def day_files(storage: Storage, topic: str, path_format: str, day: date) -> list[DataFile]:
-    """Data files in `day`'s partitioned folders (of `path_format`) and quarantine."""
+def day_versions(storage: Storage, topic: str, path_format: str, day: date) -> dict[DataFile, str]:
+    """Data files (and their versions) in `day`'s partitioned folders (of `path_format`) and
+    quarantine: one listing each."""
     check_topic(topic)
     # List only below the folders that the date alone fixes, e.g. `dt=2024-06-01/`.
     prefix = date_prefix(path_format, day)
-    found = []
-    for key in storage.list(f"partitioned/{topic}/{prefix}"):
+    found = {}
+    for key, version in storage.versions(f"partitioned/{topic}/{prefix}").items():
         f = parse_data_key(key)
         if f is not None and _folder_date(f.folder, path_format) == day:
-            found.append(f)
-    quarantined = (parse_data_key(k) for k in storage.list(f"quarantine/{topic}/dt={day}/"))
-    return found + [f for f in quarantined if f is not None]
+            found[f] = version
+    for key, version in storage.versions(f"quarantine/{topic}/dt={day}/").items():
+        f = parse_data_key(key)
+        if f is not None:
+            found[f] = version
+    return found
+
+
+def day_files(storage: Storage, topic: str, path_format: str, day: date) -> list[DataFile]:
+    """Data files in `day`'s partitioned folders (of `path_format`) and quarantine."""
+    return list(day_versions(storage, topic, path_format, day))
 
 
 def _folder_date(folder: str, path_format: str) -> date | None:
@@ -390,15 +390,6 @@ def _folder_date(folder: str, path_format: str) -> date | None:
         return folder_date(folder, path_format)
     except ValueError:
         return None
-
-
-def _check_not_rewound(storage: Storage, snap: Snapshot) -> None:
-    link = fence.read_link(storage, snap.topic, "archive", snap.seq)
-    if link is None or link.created_at != snap.created_at:
-        raise RebuildRefused(
-            f"topic {snap.topic!r}: token {snap.seq} changed since the rebuild's snapshot (the "
-            "topic was rewound); nothing was changed, run the rebuild again"
-        )
 
 
 def _dates(days: list[date]) -> str:

@@ -1,47 +1,58 @@
 """One archive run, step by step: plan → clean → (Spark archives) → verify → commit.
 
 The Airflow tasks are one-line calls into these functions; `Planned` is what travels between
-them. Planning claims the next token (`cairn.fence`) and stores the whole plan in the claim
+them. Planning claims the next token (`cairn.commit`) and stores the whole plan in the claim
 object, so the Spark job reads it by reference, and every later step first checks that the claim
-is still live: a stale plan fails fast instead of touching the archive.
+is still live: a stale plan fails fast instead of touching the archive. The run commits through
+`cairn.commit.commit`, the one commit site rebuilds and seals use too.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from cairn import clean, fence, kafka_meta, manifest, staging, status, tokens
+from cairn import commit, kafka_meta, manifest, rewind, status, tokens
 from cairn.config import TopicConfig
 from cairn.kafka_conf import KafkaConf
-from cairn.layout import manifest_key
+from cairn.layout import claims_folder, manifest_key
 from cairn.plan import Plan, TopicRecreated, lag, plan
 from cairn.storage import Storage
+
+if TYPE_CHECKING:
+    from cairn.writer import PartitionResult
 
 log = logging.getLogger(__name__)
 
 
 class Planned(BaseModel):
-    """A planned run: its claim, the ranges to read and the token they were planned from."""
+    """A planned run: its claim, the ranges to read and the rewound files its commit replaces."""
 
-    claim: fence.Claim
+    claim: commit.Claim
     topic: str
     run_id: str
     topic_id: str | None
     compacted: bool = False
     """The topic's `cleanup.policy` includes compact (re-reads may return fewer records)."""
-    base_offsets: dict[int, int]
-    """`next_offsets` of the token planned from (empty when there was none)."""
     plan: Plan
     planned_at: datetime
     """Also the processing time the Spark job parses with, so a retry writes the same bytes."""
+    replaces: list[str] = []
+    """Rewound files holding offsets this run reads again (`cairn.rewind.supersedes`)."""
 
     @property
     def seq(self) -> int:
-        """The token this run commits."""
+        """The token this run commits (unless a rebuild or seal commits first)."""
         return self.claim.seq
+
+    @property
+    def base_offsets(self) -> dict[int, int]:
+        """The position planned from (empty when there was no token)."""
+        return self.claim.base_offsets
 
     @property
     def attempt_id(self) -> str:
@@ -53,7 +64,7 @@ class Planned(BaseModel):
 
     def staged(self, storage: Storage) -> Storage:
         """Where this attempt's files wait until its token commits."""
-        return staging.staged(storage, self.topic, self.attempt_id)
+        return commit.staged(storage, self.claim)
 
 
 class Summary(BaseModel):
@@ -86,21 +97,26 @@ def load_planned(storage: Storage, claim_key: str) -> Planned:
 def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) -> Planned | None:
     """Plan and claim the next token; None when there is nothing to read or record.
 
-    First finishes publishing any committed run a crash interrupted, so the archive is whole
-    even when nothing new arrives.
+    Settles the newest token first (`cairn.commit.settle`: a crashed commit's publication is
+    finished), so the archive is whole even when nothing new arrives.
     """
     topic = cfg.topic
-    staging.settle(storage, topic)
-    token = tokens.newest(storage, topic)
+    token = commit.settle(storage, topic)
     state = kafka_meta.fetch_topic(kafka, topic)
-    args = (topic, token, state.watermarks, cfg.max_records_per_partition, cfg.new_partition_start)
-    base = token.next_offsets if token else {}
-    rewound = clean.rewound_backups(storage, topic, base, cfg.generation)
-    if rewound:  # a rewind: refuse before anything else if its output cannot be read again
-        probe = plan(*args, accept_gaps=True, topic_id=state.topic_id)
-        starts = {p: start for p, (start, _) in probe.ranges.items()}
-        clean.check_rereadable(topic, rewound, starts, state.compacted)
-    planned = plan(*args, accept_gaps=cfg.accept_gaps, topic_id=state.topic_id)
+    position = token.next_offsets if token else {}
+    rewound = rewind.rewound_backups(storage, topic, position)
+    planned = plan(
+        topic,
+        token,
+        state.watermarks,
+        cfg.max_records_per_partition,
+        cfg.new_partition_start,
+        cfg.accept_gaps,
+        state.topic_id,
+        rewound=rewind.spans(storage, rewound),
+        compacted=state.compacted,
+        planned_before=token is None and storage.holds_any(claims_folder(topic, "archive")),
+    )
     for gap in planned.gaps:
         log.warning(
             "topic %s partition %s: offsets [%s, %s) were lost to retention before archiving "
@@ -110,47 +126,72 @@ def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) 
             gap.from_offset,
             gap.to_offset,
         )
-    if planned.empty and not planned.gaps and planned.next_offsets == base and not rewound:
+    for p, (first, end) in planned.adopted.items():
+        log.warning(
+            "topic %s partition %s: rewound offsets [%s, %s) cannot be read again (retention, "
+            "compaction or a seal): their files stay archived as they are",
+            topic,
+            p,
+            first,
+            end,
+        )
+    if planned.empty and not planned.gaps and planned.next_offsets == position:
         return None
+    replaces = rewind.supersedes(storage, topic, rewound, planned.to_read)
 
-    def made(claim: fence.Claim) -> Planned:
+    def made(claim: commit.Claim) -> Planned:
         return Planned(
             claim=claim,
             topic=topic,
             run_id=run_id,
             topic_id=state.topic_id,
             compacted=state.compacted,
-            base_offsets=base,
             plan=planned,
             planned_at=claim.created_at,
+            replaces=replaces,
         )
 
-    link = fence.Link(seq=token.seq, created_at=token.created_at) if token else None
-    claim = fence.claim(
-        storage, topic, "archive", link, run_id, lambda c: made(c).model_dump_json().encode()
+    claim = commit.claim(
+        storage, topic, "archive", token, run_id, lambda c: made(c).model_dump_json().encode()
     )
     return made(claim)
 
 
-def clean_run(cfg: TopicConfig, storage: Storage, planned: Planned, kafka: KafkaConf) -> list[str]:
-    """Delete what a rewind un-committed, so the read cannot duplicate (other attempts were
-    settled when planning: their staged files never reach the data folders)."""
-    fence.check_live(storage, planned.claim)
-    position = planned.base_offsets
-    rewound = clean.rewound_backups(storage, planned.topic, position, cfg.generation)
-    if not rewound:
-        return []
-    low = {p: w.low for p, w in kafka_meta.fetch_watermarks(kafka, planned.topic).items()}
-    starts = {p: max(start, low.get(p, start)) for p, (start, _) in planned.plan.ranges.items()}
-    clean.check_rereadable(planned.topic, rewound, starts, planned.compacted)
-    deleted = clean.delete_rewound(storage, planned.topic, position)
-    for key in deleted:
-        log.info("removed rewound %s", key)
-    return deleted
+def save_attempt(
+    cfg: TopicConfig, storage: Storage, planned: Planned, results: list[PartitionResult]
+) -> manifest.Manifest:
+    """The attempt manifest of what the writers staged (the Spark job's last step), saved only
+    while the claim is live."""
+    attempt = manifest.Manifest(
+        topic=planned.topic,
+        attempt_id=planned.attempt_id,
+        run_id=planned.run_id,
+        generation=cfg.generation,
+        ranges=planned.plan.to_read,
+        records_read={r.partition: r.records for r in results if r.partition is not None},
+        files=[entry for r in results for entry in r.files],
+        processing_time=planned.planned_at,
+        created_at=datetime.now(UTC),
+        gaps=planned.plan.gaps,
+        parses=cfg.parses,
+    )
+    commit.check_live(storage, planned.claim)
+    manifest.save(storage, attempt)
+    return attempt
+
+
+def clean_run(storage: Storage, planned: Planned) -> list[str]:
+    """Discard what attempts this run fenced out left staged (never a data file: rewound files
+    stay readable until this run's commit replaces them)."""
+    commit.check_live(storage, planned.claim)
+    discarded = commit.discard_fenced(storage, planned.claim)
+    for attempt in discarded:
+        log.info("topic %s: discarded the staging of fenced-out attempt %s", planned.topic, attempt)
+    return discarded
 
 
 def verify_run(storage: Storage, planned: Planned) -> manifest.VerifyReport:
-    fence.check_live(storage, planned.claim)
+    commit.check_live(storage, planned.claim)
     if planned.plan.empty:  # the run only records a position (new partitions, a gap)
         return manifest.VerifyReport(counts=tokens.Counts(), partitions={})
     attempt = manifest.load(storage, planned.manifest_key)
@@ -169,41 +210,63 @@ def commit_run(
     report: manifest.VerifyReport,
     kafka: KafkaConf,
 ) -> Summary:
-    """Create the token, then publish the run's staged files; only now is its output archived.
+    """Commit the run (`commit_token`); only now is its output archived.
 
-    Safe to retry at any point: a token that already names this attempt is success, and
-    publishing finishes what a crash interrupted. Then, best effort (the token stands whatever
-    happens): the topic's consumer group gets the token's offsets and the run its status record.
+    Then, best effort (the token stands whatever happens): the topic's consumer group gets the
+    token's offsets and the run its status record.
     """
-    topic = planned.topic
-    newest = True
-    if fence.decided_for(storage, topic, "archive", planned.seq) == planned.attempt_id:
-        log.info("topic %s: token %s was already committed by this attempt", topic, planned.seq)
-        link = fence.read_link(storage, topic, "archive", planned.seq)
-        committed_at = link.created_at if link else datetime.now(UTC)
-        newest = fence.link_seqs(storage, topic, "archive")[-1:] == [planned.seq]
-    else:
-        _check_same_topic(kafka, planned)
-        prepare_publication(storage, planned)
-        token = token_for(cfg, planned, report)
-        tokens.commit(storage, token, planned.claim)
-        committed_at = token.created_at
-    staging.publish(storage, topic, planned.attempt_id)
-    summary = _summary(planned, report, kafka)
+    token = commit_token(cfg, storage, planned, report, kafka)
+    summary = _summary(planned, token.seq, report, kafka)
+    newest = not tokens.seqs(storage, planned.topic, after=token.seq)
     if cfg.commit_consumer_group and newest:  # a late retry must not move the group back
         summary = _commit_group(cfg, kafka, summary, planned.plan.next_offsets)
-    status.save(storage, run_record(planned, report, summary, committed_at))
+    status.save(storage, run_record(planned, token.seq, report, summary, token.created_at))
     return summary
 
 
+def commit_token(
+    cfg: TopicConfig,
+    storage: Storage,
+    planned: Planned,
+    report: manifest.VerifyReport,
+    kafka: KafkaConf | None,
+) -> tokens.Token:
+    """Commit a verified run through the one commit site: its staged files in, the rewound
+    files it read again out. Safe to retry at any point (`cairn.commit.commit`)."""
+
+    def change() -> commit.Change:
+        files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
+        return commit.Change(
+            requirements=[commit.SamePosition(), commit.NewestClaim(), SameTopic(kafka, planned)],
+            adds={f.key: f.bytes for f in files},
+            replaces=planned.replaces,
+            position=planned.plan.next_offsets,
+            fields={
+                "generation": cfg.generation,
+                "counts": report.counts,
+                "manifest": None if planned.plan.empty else planned.manifest_key,
+                "topic_id": planned.topic_id,
+                "planned_at": planned.planned_at,
+                "gaps": planned.plan.gaps,
+                "adopted": planned.plan.adopted,
+            },
+        )
+
+    return commit.commit(storage, planned.claim, change)
+
+
 def run_record(
-    planned: Planned, report: manifest.VerifyReport, summary: Summary, committed_at: datetime
+    planned: Planned,
+    seq: int,
+    report: manifest.VerifyReport,
+    summary: Summary,
+    committed_at: datetime,
 ) -> status.RunRecord:
     """The status record of a committed run."""
     counts = report.counts
     return status.RunRecord(
         topic=planned.topic,
-        seq=planned.seq,
+        seq=seq,
         run_id=planned.run_id,
         planned_at=planned.planned_at,
         committed_at=committed_at,
@@ -243,45 +306,31 @@ def _commit_group(
     return summary.model_copy(update={"consumer_group": group})
 
 
-def prepare_publication(storage: Storage, planned: Planned) -> None:
-    """Store what committing moves into the data folders: the files the manifest lists."""
-    files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
-    publication = staging.Publication(move=[f.key for f in files])
-    staging.prepare(storage, planned.topic, planned.attempt_id, publication)
-
-
-def token_for(cfg: TopicConfig, planned: Planned, report: manifest.VerifyReport) -> tokens.Token:
-    """The token a verified attempt commits."""
-    return tokens.Token(
-        seq=planned.seq,
-        topic=planned.topic,
-        generation=cfg.generation,
-        next_offsets=planned.plan.next_offsets,
-        previous_offsets=planned.base_offsets,
-        counts=report.counts,
-        manifest=None if planned.plan.empty else planned.manifest_key,
-        attempt_id=planned.attempt_id,
-        topic_id=planned.topic_id,
-        run_id=planned.run_id,
-        created_at=datetime.now(UTC),
-        planned_at=planned.planned_at,
-        gaps=planned.plan.gaps,
-    )
-
-
-def _check_same_topic(kafka: KafkaConf, planned: Planned) -> None:
+@dataclass(frozen=True)
+class SameTopic:
     """The topic read must still be the one planned: recreated meanwhile, the records differ."""
-    if planned.topic_id is None:
-        return
-    now = kafka_meta.fetch_topic_id(kafka, planned.topic)
-    if now != planned.topic_id:
-        raise TopicRecreated(
-            f"topic {planned.topic!r} was deleted and recreated while {planned.attempt_id} ran "
-            f"(id {planned.topic_id} when planned, {now} now); nothing was committed"
-        )
+
+    kafka: KafkaConf | None
+    """None only where no topic id was recorded (runs without Kafka, in tests)."""
+    planned: Planned
+
+    def check(self, storage: Storage, claim: commit.Claim, newest: tokens.Token | None) -> None:
+        planned = self.planned
+        if planned.topic_id is None:
+            return
+        if self.kafka is None:
+            raise ValueError(f"{claim.label}: checking Kafka's topic id needs a Kafka connection")
+        now = kafka_meta.fetch_topic_id(self.kafka, planned.topic)
+        if now != planned.topic_id:
+            raise TopicRecreated(
+                f"topic {planned.topic!r} was deleted and recreated while {planned.attempt_id} "
+                f"ran (id {planned.topic_id} when planned, {now} now); nothing was committed"
+            )
 
 
-def _summary(planned: Planned, report: manifest.VerifyReport, kafka: KafkaConf) -> Summary:
+def _summary(
+    planned: Planned, seq: int, report: manifest.VerifyReport, kafka: KafkaConf
+) -> Summary:
     """The run summary; Kafka failing to report lag does not undo a committed run."""
     next_offsets = planned.plan.next_offsets
     offset_lag: dict[int, int] = {}
@@ -303,7 +352,7 @@ def _summary(planned: Planned, report: manifest.VerifyReport, kafka: KafkaConf) 
         log.warning("topic %s: lag unknown after commit: %s", planned.topic, error)
     return Summary(
         topic=planned.topic,
-        seq=planned.seq,
+        seq=seq,
         ranges=planned.plan.to_read,
         counts=report.counts,
         offset_lag=offset_lag,

@@ -91,15 +91,17 @@ def with_totals(record: RunRecord, previous: RunRecord | None) -> RunRecord:
 
 
 def save(storage: Storage, record: RunRecord) -> bool:
-    """Store `record` (with running totals from the previous run's record) and drop the record
-    `KEEP` runs older. Never raises: the run is committed whatever happens here; False on failure.
+    """Store `record` (with running totals from the newest earlier run's record) and drop the
+    records beyond the newest `KEEP`. Never raises: the run is committed whatever happens here;
+    False on failure.
     """
     try:
-        previous = load(storage, record.topic, record.seq - 1) if record.seq > 1 else None
+        earlier = sorted(s for s in _seqs(storage, record.topic) if s < record.seq)
+        previous = load(storage, record.topic, earlier[-1]) if earlier else None
         full = with_totals(record, previous)
         storage.write(key(record.topic, record.seq), full.model_dump_json(indent=2).encode())
-        if record.seq > KEEP:
-            storage.delete(key(record.topic, record.seq - KEEP))
+        for seq in earlier[: max(0, len(earlier) + 1 - KEEP)]:
+            storage.delete(key(record.topic, seq))
         return True
     except Exception as err:  # status describes the archive; it must never fail a commit
         log.warning(
@@ -110,6 +112,14 @@ def save(storage: Storage, record: RunRecord) -> bool:
             err,
         )
         return False
+
+
+def _seqs(storage: Storage, topic: str) -> list[int]:
+    """The seqs of the topic's run records (one listing: at most `KEEP` are kept)."""
+    names = (
+        k.rsplit("/", 1)[-1].removesuffix(".json") for k in storage.list_after(folder(topic), "")
+    )
+    return [int(n) for n in names if n.isdigit()]
 
 
 def load(storage: Storage, topic: str, seq: int) -> RunRecord | None:
@@ -127,13 +137,9 @@ def recent(storage: Storage, topic: str, limit: int = 50) -> list[RunRecord]:
     """The newest `limit` run records of `topic`, newest first (one listing, `limit` reads)."""
     if limit < 1:
         return []
-    names = storage.list_after(folder(topic), "")
     records = []
-    for name in reversed(names):
-        seq = name.rsplit("/", 1)[-1].removesuffix(".json")
-        if not seq.isdigit():
-            continue
-        record = load(storage, topic, int(seq))
+    for seq in sorted(_seqs(storage, topic), reverse=True):
+        record = load(storage, topic, seq)
         if record is not None:
             records.append(record)
             if len(records) == limit:

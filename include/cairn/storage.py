@@ -137,20 +137,46 @@ class Storage:
         keys = (p[start:] for p in found if p.startswith(self.root + "/"))
         return sorted(k for k in keys if not k.startswith(STAGING_DIR + "/"))
 
-    def list_after(self, prefix: str, start_after: str) -> list[str]:
-        """Keys directly in folder `prefix` that sort after `prefix + start_after`, sorted.
+    def versions(self, prefix: str = "") -> dict[str, str]:
+        """Keys under `prefix` (recursively) with their versions (`version`): one listing, no
+        request per key."""
+        base = self.path(prefix) if prefix.strip("/") else self.root
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        start = len(self.root) + 1
+        return {
+            path[start:]: _version(info)
+            for path, info in sorted(found.items())
+            if path.startswith(self.root + "/") and not path[start:].startswith(STAGING_DIR + "/")
+        }
 
-        On S3 this is one `StartAfter` listing, so finding the few files past a position costs
-        the same however long the folder's history is.
+    def version(self, key: str) -> str:
+        """What changes whenever `key` is written again: its size and ETag on S3 (a content
+        digest), its size, inode and modification time on local disk. FileNotFoundError if
+        absent."""
+        return _version(self.fs.info(self.path(key)))
+
+    def list_after(self, prefix: str, start_after: str, beginning: str = "") -> list[str]:
+        """Keys directly in folder `prefix` whose names begin with `beginning` and sort after
+        `start_after`, sorted.
+
+        On S3 this is one `StartAfter` listing (narrowed to `beginning`), so finding the few
+        files past a position costs the same however long the folder's history is.
         """
         folder = prefix.rstrip("/") + "/"
         bound = folder + start_after
         if self.is_local:
-            return [k for k in self.children(folder) if k > bound and not k.endswith("/")]
+            return [
+                k
+                for k in self.children(folder)
+                if k > bound and not k.endswith("/") and k.startswith(folder + beginning)
+            ]
         bucket, _, key_root = self.root.partition("/")
         strip = len(key_root) + 1 if key_root else 0
         folder_key = f"{key_root}/{folder}" if key_root else folder
-        kwargs = {"Bucket": bucket, "Prefix": folder_key, "Delimiter": "/"}
+        kwargs = {"Bucket": bucket, "Prefix": folder_key + beginning, "Delimiter": "/"}
         kwargs["StartAfter"] = folder_key + start_after
         found: list[str] = []
         while True:
@@ -158,6 +184,36 @@ class Storage:
             found += [item["Key"][strip:] for item in reply.get("Contents", [])]
             if not reply.get("IsTruncated"):
                 return sorted(found)
+            kwargs["ContinuationToken"] = reply["NextContinuationToken"]
+
+    def holds_any(self, prefix: str) -> bool:
+        """Whether anything is under folder `prefix` (S3: one listing of at most one key)."""
+        folder = prefix.rstrip("/") + "/"
+        if self.is_local:
+            return bool(self.list(folder))
+        bucket, _, key_root = self.root.partition("/")
+        folder_key = f"{key_root}/{folder}" if key_root else folder
+        reply = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=folder_key, MaxKeys=1)
+        return bool(reply.get("Contents"))
+
+    def name_heads(self, prefix: str, delimiter: str) -> set[str]:
+        """The distinct beginnings of the names directly in folder `prefix`, up to and including
+        the first `delimiter` (`10_`, `9_` for data files: their generations). On S3 this is one
+        `Delimiter` listing, however many names share each beginning."""
+        folder = prefix.rstrip("/") + "/"
+        if self.is_local:
+            names = (k[len(folder) :] for k in self.children(folder) if not k.endswith("/"))
+            return {n.split(delimiter, 1)[0] + delimiter for n in names if delimiter in n}
+        bucket, _, key_root = self.root.partition("/")
+        folder_key = f"{key_root}/{folder}" if key_root else folder
+        kwargs = {"Bucket": bucket, "Prefix": folder_key, "Delimiter": delimiter}
+        found: set[str] = set()
+        while True:
+            reply = self.fs.call_s3("list_objects_v2", **kwargs)
+            heads = (item["Prefix"][len(folder_key) :] for item in reply.get("CommonPrefixes", []))
+            found |= {head for head in heads if "/" not in head}
+            if not reply.get("IsTruncated"):
+                return found
             kwargs["ContinuationToken"] = reply["NextContinuationToken"]
 
     def children(self, prefix: str) -> list[str]:
@@ -228,6 +284,11 @@ OPTIONS_VARIABLE = "CAIRN_STORAGE_OPTIONS"
 
 def options_from_env() -> dict[str, Any]:
     return json.loads(os.environ.get(OPTIONS_VARIABLE) or "{}")
+
+
+def _version(info: dict[str, Any]) -> str:
+    tag = str(info.get("ETag") or f"{info.get('ino')}:{info.get('mtime')}").strip('"')
+    return f"{info['size']}:{tag}"
 
 
 def _is_precondition_failure(err: BaseException) -> bool:

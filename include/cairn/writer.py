@@ -2,7 +2,7 @@
 
 The Spark job calls `write_partition` once per task; Spark hands each task the records of one
 Kafka partition in offset order. Every file streams through `Storage.open_write` into the attempt's
-staging area (`cairn.staging`), whole or not at all, and is named by the offset of its first
+staging area (`cairn.commit`), whole or not at all, and is named by the offset of its first
 record, so the same input always yields the same names (a retry overwrites, never duplicates).
 
 Memory is bounded by open writers, not by records: each Avro writer buffers one block
@@ -200,7 +200,7 @@ class OutputFiles:
 
     Every upload is registered with `uploads`, so an error that unwinds the caller's ExitStack
     discards all files not yet finished. `storage` is the attempt's staging area
-    (`cairn.staging.staged`): keys are final keys, published only when the attempt commits.
+    (`cairn.commit.staged`): keys are final keys, published only when the attempt commits.
     """
 
     def __init__(self, storage: Storage, codec: str, uploads: contextlib.ExitStack) -> None:

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.table import Table
 
-from cairn import tokens
+from cairn import commit
 from cairn.config import TopicConfig, dag_safe, find_topic
 from cairn.storage import Storage
 from cairn_stack.airflow_api import AirflowAPI
@@ -149,6 +149,6 @@ def show_archive(cfg: TopicConfig, console: Console) -> None:
         table.add_row(kind, str(len(keys)), str(records), keys[0] if keys else "-")
     console.print(f"Archive root: {cfg.root.storage_url}")
     console.print(table)
-    token = tokens.newest(storage, cfg.topic)
+    token = commit.newest(storage, cfg.topic)
     if token is not None:
         console.print(f"Newest token {token.seq}: next offsets {token.next_offsets}")

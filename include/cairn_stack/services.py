@@ -230,12 +230,20 @@ def seaweedfs(settings: StackSettings) -> Service:
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={s3_config}",
+        f"-metricsPort={settings.seaweed_metrics_port}",
     ]
     return Service(
         name="seaweedfs",
         argv=argv,
         state_dir=settings.state_dir,
-        ports=[master, volume, filer, settings.s3_port, *grpc.values()],
+        ports=[
+            master,
+            volume,
+            filer,
+            settings.s3_port,
+            settings.seaweed_metrics_port,
+            *grpc.values(),
+        ],
         healthy=lambda: port_open(settings.s3_port) and _bucket_ready(settings),
         env={"WEED_S3_SSE_KEK": kek.read_text()},
     )

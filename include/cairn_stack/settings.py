@@ -44,6 +44,8 @@ class StackSettings(BaseSettings):
     seaweed_master_port: int = 9333
     seaweed_volume_port: int = 18080
     seaweed_filer_port: int = 18888
+    seaweed_metrics_port: int = 19327
+    """SeaweedFS's Prometheus metrics (`benchmarks/requests_per_run.py` counts S3 requests)."""
     airflow_port: int = 8080
     airflow_health_port: int = 8974
     """The scheduler's health check server, on `host` only. The scheduler serves no task logs

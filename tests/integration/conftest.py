@@ -14,7 +14,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn import rebuild, run
+from cairn import kafka_meta, rebuild, rewind, run, tokens
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
 from cairn.kafka_conf import KafkaConf
 from cairn.layout import parse_data_key
@@ -70,7 +70,7 @@ class Archiver:
 
     def write(self, cfg: TopicConfig, planned: run.Planned) -> None:
         """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
-        run.clean_run(cfg, self.storage(cfg), planned, self.kafka)
+        run.clean_run(self.storage(cfg), planned)
         if not planned.plan.empty:
             archive(self.spark, planned, cfg, self.kafka, self.options)
 
@@ -79,11 +79,26 @@ class Archiver:
         return run.commit_run(cfg, self.storage(cfg), planned, report, self.kafka)
 
     def rebuild(self, cfg: TopicConfig, *days: date) -> rebuild.Selection | None:
-        """One rebuild operation as the rebuild DAG drives it: select, then the Spark job."""
+        """One rebuild operation as the rebuild DAG drives it: select, the Spark job, commit."""
+        chosen = self.rebuild_selected(cfg, *days)
+        if chosen is not None:
+            self.commit_rebuild(cfg, chosen)
+        return chosen
+
+    def rebuild_selected(self, cfg: TopicConfig, *days: date) -> rebuild.Selection | None:
+        """The rebuild DAG's select task and its Spark job, without its commit task."""
         chosen = rebuild.select(self.storage(cfg), cfg, days, f"test-{uuid.uuid4().hex[:6]}")
         if chosen is not None:
             rebuild_job(self.spark, chosen, cfg, self.options)
         return chosen
+
+    def commit_rebuild(self, cfg: TopicConfig, chosen: rebuild.Selection) -> tokens.Token:
+        return rebuild.commit_rebuild(self.storage(cfg), cfg, chosen)
+
+    def rewind(self, cfg: TopicConfig, **how) -> list[str]:
+        """`python -m cairn tokens rewind` (its rule sees Kafka as it is now)."""
+        state = kafka_meta.fetch_topic(self.kafka, cfg.topic)
+        return rewind.rewind(self.storage(cfg), cfg, state, **how)
 
     def run(self, cfg: TopicConfig) -> run.Summary | None:
         """One whole run; None when planning found nothing to do (no Spark, no token)."""

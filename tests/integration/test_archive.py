@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from cairn import tokens
+from cairn import commit, tokens
+from cairn.commit import Fenced
 from cairn.config import find_topic
-from cairn.fence import Fenced
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 
@@ -114,7 +114,7 @@ def test_crash_before_commit_then_retry_leaves_no_duplicate(
     crashed = archiver.plan(cfg)
     archiver.write(cfg, crashed)  # files and manifest staged, then the run dies: no commit
     storage = archiver.storage(cfg)
-    assert tokens.newest(storage, topic_name).seq == 1
+    assert commit.newest(storage, topic_name).seq == 1
     staged = read_archive(storage, topic_name)  # a reader sees only committed output
     assert_exactly_once(staged, all_offsets({0: 20, 1: 20}))
 
@@ -142,7 +142,7 @@ def test_two_attempts_planned_from_one_token_only_the_live_one_commits(
 
     storage = archiver.storage(cfg)
     assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1]
-    assert tokens.newest(storage, topic_name).attempt_id == second.attempt_id
+    assert commit.newest(storage, topic_name).attempt_id == second.attempt_id
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 25}))
 
 
@@ -157,7 +157,7 @@ def test_rewinding_two_tokens_rereads_without_duplicates(
     storage = archiver.storage(cfg)
     archived = read_archive(storage, topic_name)
 
-    deleted = tokens.rewind(storage, topic_name, low_watermarks={0: 0, 1: 0}, count=2)
+    deleted = archiver.rewind(cfg, count=2)
     assert len(deleted) == 2
     summary = archiver.run(cfg)
 
@@ -182,7 +182,7 @@ def test_partition_added_between_runs_is_archived_from_its_first_offset(
 
     assert summary.ranges == {1: (0, 4)}
     storage = archiver.storage(cfg)
-    assert tokens.newest(storage, topic_name).next_offsets == {0: 5, 1: 4}
+    assert commit.newest(storage, topic_name).next_offsets == {0: 5, 1: 4}
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 5, 1: 4}))
 
 

@@ -17,7 +17,7 @@ import fastavro
 import pytest
 from confluent_kafka import Producer
 
-from cairn import tokens
+from cairn import commit
 from cairn.cli import main
 from cairn.config import TopicConfig, find_topic
 from cairn.storage import Storage
@@ -90,7 +90,7 @@ def archived(spark, kafka, tmp_path_factory) -> Archived:
     archiver = Archiver(spark, kafka, {})
     summary = archiver.run(cfg)
     assert summary.counts.backup == 10 and summary.counts.quarantined == 2
-    token = tokens.newest(archiver.storage(cfg), topic)
+    token = commit.newest(archiver.storage(cfg), topic)
     return Archived(cfg, topics_file, archiver, root, token.planned_at.date())
 
 
@@ -240,8 +240,8 @@ def test_after_a_rebuild_the_rebuilt_files_are_found_and_verified(archived, tmp_
         for line in capsys.readouterr().out.splitlines()
         if f"partitioned/{archived.topic}/" in line
     ]
-    assert len(parsed) == 2 and all("rebuild 1" in line for line in parsed)
+    assert len(parsed) == 2 and all("rebuild 2" in line for line in parsed)
     assert cli("verify", archived.topic, "--date", day) == 0
     assert "match the manifests" in capsys.readouterr().out
     assert cli("find", archived.topic, "0", "2") == 0
-    assert "(rebuild 1)" in capsys.readouterr().out
+    assert "(rebuild 2)" in capsys.readouterr().out

@@ -1,14 +1,18 @@
 """Randomized fault injection against real Kafka and Spark: a seeded sequence of steps mixing
 produce (committed and aborted transactions, poison records), whole runs, crashes after the Spark
-job / after verify / halfway through publishing, two attempts interleaved at every step
-boundary (with a zombie still writing), rewinds, rebuilds of random dates (also crashing), and
-config fixes that move records across midnight.
+job / after verify / halfway through publishing, two attempts interleaved at every step boundary
+(with a zombie still writing), attempts and rebuilds interrupted at a random step boundary —
+inside the commit too, before and after the token's create — by a hand rewind, a CLI rewind,
+Kafka's retention, another run, another plan, an added partition or a rebuild; and config changes
+that move records across midnight and raise or lower the generation.
 
-After every step the committed archive (what is published, plus what committed tokens have
-yet to publish) holds each Kafka record below the newest token exactly once in backup and
-exactly once in partitioned-or-quarantine, verbatim; after catching up, the data folders match
-Kafka exactly. `CAIRN_FAULT_SEEDS` and `CAIRN_FAULT_STEPS` widen the search; a failure names
-the seed, the step and the history to replay it.
+After every step the archive, as the next step sees it (`cairn.commit.settle`), holds each Kafka
+record below the newest token exactly once in backup and once in partitioned-or-quarantine,
+verbatim, except records Kafka's retention deleted while the archive did not hold them; no
+record is ever in the data folders twice, and no gap is recorded for a record the archive holds.
+After catching up, the data folders match Kafka. Runs for topics starting at `earliest` and at
+`latest`. `CAIRN_FAULT_SEEDS` and `CAIRN_FAULT_STEPS` widen the search; a failure names the
+seed, the step and the history to replay it.
 """
 
 from __future__ import annotations
@@ -19,58 +23,96 @@ import os
 import random
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
 import fastavro
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 
-from cairn import fence, manifest, rebuild, run, staging, tokens
+from cairn import commit, kafka_meta, rebuild, rewind, run, tokens
 from cairn.config import TopicConfig
-from cairn.layout import attempts_folder, parse_data_key, token_key
+from cairn.errors import PermanentError
+from cairn.layout import parse_data_key, token_key
 from cairn.storage import Storage
 from cairn.writer import KafkaRecord, write_partition
 from cairn_stack.demo import create_topic
 from spark_jobs.archive import archive
+from spark_jobs.rebuild import rebuild as rebuild_job
 from tests.integration.conftest import Archiver
 from tests.integration.test_rebuild import NOON
 
-SEEDS = [int(s) for s in os.environ.get("CAIRN_FAULT_SEEDS", "20261123").split(",")]
-STEPS = int(os.environ.get("CAIRN_FAULT_STEPS", "200"))
-S3_STEPS = int(os.environ.get("CAIRN_FAULT_S3_STEPS", "60"))  # each step costs more requests
-PARTITIONS = 2
-CONFIGS = ("", "timezone: Asia/Tokyo\n")  # the "fix" moves evening events to the next date
+SEEDS = [int(s) for s in os.environ.get("CAIRN_FAULT_SEEDS", "20261125").split(",")]
+STEPS = int(os.environ.get("CAIRN_FAULT_STEPS", "100"))
+S3_STEPS = int(os.environ.get("CAIRN_FAULT_S3_STEPS", "40"))  # each step costs more requests
+PARTITIONS, MAX_PARTITIONS = 2, 3
+CONFIGS = (  # the "fixes": Tokyo moves evening events to the next date; generations 1, 2, 10
+    "",
+    "timezone: Asia/Tokyo\n",
+    "generation: 2\n",
+    "generation: 10\ntimezone: Asia/Tokyo\n",
+)
+STEPS_OF_AN_ATTEMPT = ("plan", "clean", "spark", "verify", "before create", "after create", "done")
+INTERFERENCE = (
+    "rewind",
+    "cli rewind",
+    "retention",
+    "run",
+    "plan",
+    "partition",
+    "produce",
+    "rebuild",
+)
 
 OPS = {
-    "produce": 24,
-    "run": 18,
-    "crash_after_spark": 7,
-    "crash_after_verify": 6,
-    "crash_mid_publish": 7,
-    "interleave": 12,
-    "rewind": 6,
-    "rebuild": 10,
-    "rebuild_crash": 4,
-    "config_fix": 4,
+    "produce": 22,
+    "run": 14,
+    "crash_after_spark": 4,
+    "crash_after_verify": 4,
+    "crash_mid_publish": 5,
+    "interleave": 8,
+    "interrupted_run": 16,
+    "rewind": 4,
+    "cli_rewind": 3,
+    "retention": 3,
+    "add_partition": 1,
+    "rebuild": 6,
+    "rebuild_crash": 3,
+    "interrupted_rebuild": 5,
+    "config_fix": 5,
     "catch_up": 2,
 }
+ABANDONED = (PermanentError, ConnectionError, PySparkException, Py4JJavaError)
+"""What an interrupted attempt may end with: fenced or refused, the commit task dying
+(`Hooked`), or Spark failing to read offsets retention deleted; anything else is a bug."""
 
 
 @dataclass
 class Kafka:
     """The topic's committed records by (partition, offset), as the producer's delivery reports
-    place them (an aborted transaction's records take offsets but are never committed)."""
+    place them (an aborted transaction's records take offsets but are never committed), and
+    those retention deleted before the archive held them."""
 
     bootstrap: str
     topic: str
+    partitions: int = PARTITIONS
     records: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
+    lost: set[tuple[int, int]] = field(default_factory=set)
+    low: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "transactional.id": uuid.uuid4().hex}
-        )
-        self.producer.init_transactions(30)
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        self.producer = self._producer()
+
+    def _producer(self) -> Producer:
+        """A transactional producer (a new one knows every partition at once)."""
+        made = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": uuid.uuid4().hex})
+        made.init_transactions(30)
+        return made
 
     def produce(self, values: list[bytes | None], partition: int, commit: bool) -> None:
         delivered: dict[tuple[int, int], bytes | None] = {}
@@ -90,6 +132,22 @@ class Kafka:
         else:
             self.producer.abort_transaction(30)
 
+    def delete_before(self, partition: int, offset: int, held: set[tuple[int, int]]) -> None:
+        """Retention: Kafka deletes `partition` below `offset`; what the archive does not hold
+        is lost for good."""
+        done = self.admin.delete_records([TopicPartition(self.topic, partition, offset)])
+        (future,) = done.values()
+        future.result(30)
+        gone = {c for c in self.records if c[0] == partition and c[1] < offset}
+        self.lost |= gone - held
+        self.low[partition] = max(self.low.get(partition, 0), offset)
+
+    def add_partition(self) -> None:
+        self.partitions += 1
+        done = self.admin.create_partitions([NewPartitions(self.topic, self.partitions)])
+        done[self.topic].result(30)
+        self.producer = self._producer()
+
 
 @dataclass
 class Archive:
@@ -100,62 +158,87 @@ class Archive:
     parsed: Counter = field(default_factory=Counter)
 
 
-def read_committed_view(storage: Storage, topic: str, pending: bool) -> Archive:
-    """The data folders, plus (if `pending`) the files committed tokens have yet to publish."""
-    files = {key: key for key in storage.list() if parse_data_key(key) is not None}
-    if pending:
-        for folder in storage.children(attempts_folder(topic)):
-            attempt_id = folder.rstrip("/").rsplit("/", 1)[-1]
-            if fence.fate(storage, topic, attempt_id) != "committed":
-                continue
-            for staged in storage.list(folder):
-                final = staged[len(folder) :]
-                if parse_data_key(final) is not None:
-                    files[final] = staged
+def read_data_folders(storage: Storage, topic: str) -> Archive:
     seen = Archive()
-    for final, key in files.items():
-        kind = parse_data_key(final).kind
+    for key in storage.list():
+        found = parse_data_key(key)
+        if found is None or found.topic != topic:
+            continue
         for row in fastavro.reader(io.BytesIO(storage.read(key))):
-            if kind == "backup":
+            if found.kind == "backup":
                 seen.backup[row["partition"], row["offset"]] += 1
                 seen.values[row["partition"], row["offset"]] = row["value"]
-            elif kind == "quarantine":
+            elif found.kind == "quarantine":
                 seen.parsed[row["partition"], row["offset"]] += 1
             else:
                 seen.parsed[row["_kafka_partition"], row["_kafka_offset"]] += 1
     return seen
 
 
-def check_below_token(storage: Storage, topic: str, kafka: Kafka) -> None:
-    newest = tokens.newest(storage, topic)
+def check(storage: Storage, topic: str, kafka: Kafka, skipped: set, caught_up: bool) -> None:
+    """The invariants (module doc); `skipped`: records a `latest` start never had to archive."""
+    newest = commit.settle(storage, topic)
     position = newest.next_offsets if newest else {}
-    below = {c for c in kafka.records if c[1] < position.get(c[0], 0)}
-    seen = read_committed_view(storage, topic, pending=True)
-    committed_backup = {c for c in seen.backup if c[1] < position.get(c[0], 0)}
-    assert committed_backup == below, f"backup below the token differs: {committed_backup ^ below}"
-    doubled = {c: n for c, n in seen.backup.items() if n > 1 and c in below}
-    assert not doubled, f"records twice in backup: {doubled}"
-    parsed = {c: n for c, n in seen.parsed.items() if c[1] < position.get(c[0], 0)}
-    assert parsed == dict.fromkeys(below, 1), f"parsed != once: {set(parsed) ^ below}"
-    wrong = [c for c in below if seen.values[c] != kafka.records[c]]
+    seen = read_data_folders(storage, topic)
+    for kind, counted in (("backup", seen.backup), ("parsed or quarantine", seen.parsed)):
+        doubled = sorted(c for c, n in counted.items() if n > 1)
+        assert not doubled, f"records twice in {kind}: {doubled[:10]}"
+    invented = (set(seen.backup) | set(seen.parsed)) - set(kafka.records)
+    assert not invented, f"records that are not Kafka's committed records: {sorted(invented)[:10]}"
+    assert set(seen.parsed) <= set(seen.backup), "parsed records missing from backup"
+    below = {c for c in kafka.records if caught_up or c[1] < position.get(c[0], 0)}
+    must = below - kafka.lost - skipped
+    held = {c for c in seen.backup if caught_up or c[1] < position.get(c[0], 0)}
+    assert must <= held, f"lost below the token: {sorted(must - held)[:10]}"
+    assert held <= set(seen.parsed), f"not parsed once: {sorted(held - set(seen.parsed))[:10]}"
+    wrong = [c for c in held if seen.values[c] != kafka.records[c]]
     assert not wrong, f"backup values differ from Kafka at {wrong[:5]}"
+    for seq in tokens.seqs(storage, topic):
+        for gap in tokens.token_at(storage, topic, seq).gaps:
+            inside = {c for c in seen.backup if c[0] == gap.partition}
+            inside = {c for c in inside if gap.from_offset <= c[1] < gap.to_offset}
+            assert not inside, f"token {seq} declares a gap over archived records {inside}"
 
 
-def check_matches_kafka(storage: Storage, topic: str, kafka: Kafka) -> None:
-    seen = read_committed_view(storage, topic, pending=False)
-    everything = dict.fromkeys(kafka.records, 1)
-    assert dict(seen.backup) == everything, f"backup: {set(seen.backup) ^ set(everything)}"
-    assert dict(seen.parsed) == everything, f"parsed: {set(seen.parsed) ^ set(everything)}"
+class Hooked(Storage):
+    """The archive root, calling `hooks[point]` once at a point inside a commit: before or after
+    the token's create, or after `moves` files of its publication."""
+
+    def __init__(self, url: str, **options) -> None:
+        super().__init__(url, **options)
+        self.hooks: dict[str, Callable[[], None]] = {}
+        self.moves = -1
+
+    def _fire(self, point: str) -> None:
+        hook = self.hooks.pop(point, None)
+        if hook is not None:
+            hook()
+
+    def create(self, key: str, data: bytes) -> None:
+        if key.startswith("_tokens/"):
+            self._fire("before create")
+            super().create(key, data)
+            self._fire("after create")
+        else:
+            super().create(key, data)
+
+    def move(self, source: str, target: str) -> None:
+        if self.moves == 0:
+            raise ConnectionError("the commit task died while publishing")
+        self.moves -= 1
+        super().move(source, target)
 
 
 @dataclass
 class Scenario:
     rng: random.Random
-    archiver: object
+    archiver: Archiver
     kafka: Kafka
     cfgs: list[TopicConfig]
+    latest: bool
     cfg_index: int = 0
     produced: int = 0
+    skipped: set | None = None
     history: list[str] = field(default_factory=list)
 
     @property
@@ -163,8 +246,15 @@ class Scenario:
         return self.cfgs[self.cfg_index]
 
     @property
+    def topic(self) -> str:
+        return self.cfg.topic
+
+    @property
     def storage(self) -> Storage:
         return self.archiver.storage(self.cfg)
+
+    def hooked(self) -> Hooked:
+        return Hooked(self.cfg.root.storage_url, **self.archiver.options)
 
     def value(self) -> bytes | None:
         """A valid event near midnight on one of three dates, or a poison record."""
@@ -178,14 +268,22 @@ class Scenario:
         body = {"event_id": f"e{self.produced}", "user_id": "u", "action": "a", "amount": 1.0}
         return json.dumps(body | {"ts": ts.isoformat()}).encode()
 
+    def check(self, caught_up: bool = False) -> None:
+        """The invariants; a `latest` topic's first token says what it never had to archive."""
+        first = tokens.read(self.storage, self.topic, 1)
+        if self.latest and self.skipped is None and first is not None:
+            start = first.next_offsets if not first.counts.read else {}
+            self.skipped = {c for c in self.kafka.records if c[1] < start.get(c[0], 0)}
+        check(self.storage, self.topic, self.kafka, self.skipped or set(), caught_up)
+
     # --- the operations ------------------------------------------------------------------
 
     def produce(self) -> str:
-        partition = self.rng.randrange(PARTITIONS)
+        partition = self.rng.randrange(self.kafka.partitions)
         values = [self.value() for _ in range(self.rng.randint(1, 12))]
-        commit = self.rng.random() > 0.15
-        self.kafka.produce(values, partition, commit)
-        return f"produce {len(values)} to {partition} {'committed' if commit else 'aborted'}"
+        committed = self.rng.random() > 0.15
+        self.kafka.produce(values, partition, committed)
+        return f"produce {len(values)} to {partition} {'committed' if committed else 'aborted'}"
 
     def run(self) -> str:
         done = self.archiver.run(self.cfg)
@@ -205,21 +303,19 @@ class Scenario:
         return "crash after verify"
 
     def crash_mid_publish(self) -> str:
-        """The commit task dies after creating the token, having moved half of the files."""
+        """The commit task dies after creating the token, having moved some of the files."""
         planned = self.archiver.plan(self.cfg)
         if planned is None:
             return "crash mid publish: nothing"
         self.archiver.write(self.cfg, planned)
         report = run.verify_run(self.storage, planned)
-        run.prepare_publication(self.storage, planned)
-        keys = []
-        if not planned.plan.empty:
-            keys = [f.key for f in manifest.load(self.storage, planned.manifest_key).files]
-        topic = planned.topic
-        tokens.commit(self.storage, run.token_for(self.cfg, planned, report), planned.claim)
-        for key in keys[: len(keys) // 2]:  # the rest stays staged until a run settles it
-            self.storage.move(f"{attempts_folder(topic)}{planned.attempt_id}/{key}", key)
-        return f"crash mid publish of token {planned.seq} ({len(keys) // 2}/{len(keys)} moved)"
+        hooked = self.hooked()
+        hooked.hooks["after create"] = lambda: setattr(hooked, "moves", self.rng.randint(0, 3))
+        try:
+            run.commit_token(self.cfg, hooked, planned, report, self.archiver.kafka)
+        except ConnectionError:
+            return f"crash mid publish of {planned.attempt_id}"
+        return f"crash mid publish: {planned.attempt_id} published before the crash"
 
     def interleave(self) -> str:
         """Two attempts, each plan → clean → spark → verify → commit, steps interleaved at
@@ -232,18 +328,18 @@ class Scenario:
                 trace.append(f"{name}.{next(attempts[name])}")
             except StopIteration:
                 del attempts[name]
-            except fence.Fenced:
+            except commit.Fenced:
                 trace.append(f"{name}.fenced")
                 del attempts[name]
         return "interleave " + " ".join(trace)
 
-    def _attempt(self, name: str):
+    def _attempt(self, name: str) -> Iterator[str]:
         planned = self.archiver.plan(self.cfg)
         yield "plan" if planned else "plan-nothing"
         if planned is None:
             return
         try:
-            run.clean_run(self.cfg, self.storage, planned, self.archiver.kafka)
+            run.clean_run(self.storage, planned)
             yield "clean"
             if not planned.plan.empty:
                 archiver = self.archiver
@@ -253,7 +349,7 @@ class Scenario:
             yield "verify"
             run.commit_run(self.cfg, self.storage, planned, report, self.archiver.kafka)
             yield "commit"
-        except fence.Fenced:
+        except commit.Fenced:
             if self.rng.random() < 0.5:  # its Spark job had passed its check: it keeps writing
                 self._zombie(planned)
             raise
@@ -268,18 +364,84 @@ class Scenario:
         staged = planned.staged(self.storage)
         write_partition(records, self.cfg, staged, planned.planned_at, planned.attempt_id)
 
+    def interrupted_run(self) -> str:
+        """One archive attempt, step by step, with something else happening at a random step
+        boundary: inside the commit too, before or after its token's create."""
+        at, what = self.rng.choice(STEPS_OF_AN_ATTEMPT), self.rng.choice(INTERFERENCE)
+        hooked, steps = self.hooked(), []
+        try:
+            planned = self.archiver.plan(self.cfg)
+            if planned is None:
+                return f"interrupted run: nothing ({what} unused)"
+            for step, do in (
+                ("plan", lambda: None),
+                ("clean", lambda: run.clean_run(self.storage, planned)),
+                ("spark", lambda: self._spark(planned)),
+                ("verify", lambda: steps.append(run.verify_run(self.storage, planned))),
+                ("done", lambda: self._commit(hooked, planned, steps[-1], at, what)),
+            ):
+                do()
+                if step == at:
+                    self.interfere(what)
+        except ABANDONED as err:
+            return f"interrupted run: {what} at {at}: {type(err).__name__}"
+        return f"interrupted run: {what} at {at}: committed"
+
+    def _spark(self, planned: run.Planned) -> None:
+        if not planned.plan.empty:
+            archiver = self.archiver
+            archive(archiver.spark, planned, self.cfg, archiver.kafka, archiver.options)
+
+    def _commit(self, hooked: Hooked, planned: run.Planned, report, at: str, what: str) -> None:
+        if at in ("before create", "after create"):
+            hooked.hooks[at] = lambda: self.interfere(what)
+        run.commit_run(self.cfg, hooked, planned, report, self.archiver.kafka)
+
+    def interfere(self, what: str) -> None:
+        self.history.append(f"   ... {what}")
+        getattr(self, {"cli rewind": "cli_rewind", "partition": "add_partition"}.get(what, what))()
+
+    def plan(self) -> str:
+        planned = self.archiver.plan(self.cfg)
+        if planned is not None:
+            run.clean_run(self.storage, planned)
+        return "plan and clean"
+
     def rewind(self) -> str:
-        seqs = fence.link_seqs(self.storage, self.cfg.topic, "archive")
+        seqs = tokens.seqs(self.storage, self.topic)
         doomed = seqs[-self.rng.randint(1, 2) :]
         for seq in reversed(doomed):  # by hand, newest first, as the README allows
-            self.storage.delete(token_key(self.cfg.topic, seq))
+            self.storage.delete(token_key(self.topic, seq))
         return f"rewind tokens {doomed}"
 
+    def cli_rewind(self) -> str:
+        try:
+            deleted = self.archiver.rewind(self.cfg, count=self.rng.randint(1, 2))
+        except (rewind.RewindRefused, ValueError) as err:
+            return f"cli rewind refused: {str(err)[:60]}"
+        return f"cli rewind {deleted}"
+
+    def retention(self) -> str:
+        partition = self.rng.randrange(self.kafka.partitions)
+        marks = kafka_meta.fetch_watermarks(self.archiver.kafka, self.topic)
+        low, high = marks[partition]
+        if high <= low:
+            return "retention: nothing to delete"
+        upto = self.rng.randint(low + 1, high)
+        held = set(read_data_folders(self.storage, self.topic).backup)
+        self.kafka.delete_before(partition, upto, held)
+        return f"retention deletes partition {partition} below {upto}"
+
+    def add_partition(self) -> str:
+        if self.kafka.partitions >= MAX_PARTITIONS:
+            return "add partition: enough"
+        self.kafka.add_partition()
+        return f"add partition {self.kafka.partitions - 1}"
+
     def _dates(self) -> list[date]:
-        topic = self.cfg.topic
         found = set()
         for kind in ("partitioned", "quarantine"):
-            for folder in self.storage.children(f"{kind}/{topic}/"):
+            for folder in self.storage.children(f"{kind}/{self.topic}/"):
                 found.add(date.fromisoformat(folder.rstrip("/").rsplit("dt=", 1)[1]))
         return sorted(found)
 
@@ -292,21 +454,48 @@ class Scenario:
 
     def rebuild(self) -> str:
         days = self._chosen_dates()
-        chosen = self.archiver.rebuild(self.cfg, *days) if days else None
+        try:
+            chosen = self.archiver.rebuild(self.cfg, *days) if days else None
+        except (commit.Conflict, commit.Fenced) as err:
+            return f"rebuild {days}: {type(err).__name__}"
         return f"rebuild {days} -> {chosen.claim.attempt_id if chosen else 'nothing'}"
 
     def rebuild_crash(self) -> str:
         days = self._chosen_dates()
         chosen = rebuild.select(self.storage, self.cfg, days, "crashing") if days else None
         if chosen is not None:
-            staged = staging.staged(self.storage, self.cfg.topic, chosen.claim.attempt_id)
+            staged = commit.staged(self.storage, chosen.claim)
             for source in chosen.sources[: len(chosen.sources) // 2 + 1]:
                 rebuild.rebuild_source(source, self.cfg, self.storage, staged)
         return f"rebuild crash {days}"
 
+    def interrupted_rebuild(self) -> str:
+        """A rebuild with something else happening at a random step boundary (module doc)."""
+        days = self._chosen_dates()
+        at = self.rng.choice(("select", "spark", "before create", "after create"))
+        what = self.rng.choice(INTERFERENCE)
+        if not days:
+            return "interrupted rebuild: no dates"
+        try:
+            chosen = rebuild.select(self.storage, self.cfg, days, "interrupted")
+            if chosen is None:
+                return f"interrupted rebuild {days}: nothing"
+            if at == "select":
+                self.interfere(what)
+            rebuild_job(self.archiver.spark, chosen, self.cfg, self.archiver.options)
+            if at == "spark":
+                self.interfere(what)
+            hooked = self.hooked()
+            if at in ("before create", "after create"):
+                hooked.hooks[at] = lambda: self.interfere(what)
+            rebuild.commit_rebuild(hooked, self.cfg, chosen)
+        except ABANDONED as err:
+            return f"interrupted rebuild {days}: {what} at {at}: {type(err).__name__}"
+        return f"interrupted rebuild {days}: {what} at {at}: committed"
+
     def config_fix(self) -> str:
-        self.cfg_index = 1 - self.cfg_index
-        return f"config {CONFIGS[self.cfg_index].strip() or 'UTC'}"
+        self.cfg_index = self.rng.choice([i for i in range(len(CONFIGS)) if i != self.cfg_index])
+        return f"config {CONFIGS[self.cfg_index].strip() or 'UTC, generation 1'}"
 
     def catch_up(self) -> str:
         runs = 0
@@ -316,31 +505,34 @@ class Scenario:
         return f"catch up in {runs} runs"
 
 
+@pytest.mark.parametrize("start", ["earliest", "latest"])
 @pytest.mark.parametrize("root", ["file", "s3"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_faults_never_lose_or_double_a_record(
-    seed, root, kafka, archiver, make_cfg, topic_name, request, stack_settings
+    seed, root, start, kafka, archiver, make_cfg, topic_name, request, stack_settings
 ) -> None:
     create_topic(kafka, topic_name, partitions=PARTITIONS)
     url, steps = None, STEPS
-    if root == "s3":  # the same sequence on the real S3 server, shorter
+    if root == "s3":  # the same kind of sequence on the real S3 server, shorter
         archiver = Archiver(archiver.spark, kafka, request.getfixturevalue("s3"))
         url = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/faults-{topic_name}"
         steps = S3_STEPS
-    extra = "max_records_per_partition: 15\n"
+    extra = f"max_records_per_partition: 15\naccept_gaps: true\nnew_partition_start: {start}\n"
     cfgs = [make_cfg(topic_name, extra + c, root=url) for c in CONFIGS]
-    rng = random.Random(seed)
-    scenario = Scenario(rng, archiver, Kafka(kafka, topic_name), cfgs)
+    rng = random.Random(f"{seed}-{root}-{start}")
+    scenario = Scenario(rng, archiver, Kafka(kafka, topic_name), cfgs, latest=start == "latest")
     ops, weights = zip(*OPS.items(), strict=True)
+    done: Counter = Counter()
     try:
         for step in range(steps):
             op = rng.choices(ops, weights)[0]
+            done[op] += 1
             scenario.history.append(f"{step}: {getattr(scenario, op)()}")
-            check_below_token(scenario.storage, topic_name, scenario.kafka)
+            scenario.check()
         scenario.history.append(scenario.catch_up())
-        check_matches_kafka(scenario.storage, topic_name, scenario.kafka)
+        scenario.check(caught_up=True)
     except Exception as err:
         replay = "\n".join(scenario.history[-40:])
-        pytest.fail(f"seed {seed} ({root}) failed: {type(err).__name__}: {err}\n{replay}")
-    print(f"seed {seed} ({root}): {steps} steps, {len(scenario.kafka.records)} records")
-    print(Counter(line.split(": ", 1)[1].split()[0] for line in scenario.history[:-1]))
+        pytest.fail(f"seed {seed} ({root}, {start}) failed: {type(err).__name__}: {err}\n{replay}")
+    print(f"seed {seed} ({root}, {start}): {steps} steps, {len(scenario.kafka.records)} records")
+    print(dict(done.most_common()))

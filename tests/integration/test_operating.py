@@ -9,7 +9,7 @@ import time
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cairn import metrics, run, status, tokens
+from cairn import commit, metrics, run, status
 from cairn_stack.demo import create_topic, produce
 from tests.integration.test_archive import fill
 
@@ -41,7 +41,7 @@ def test_each_commit_records_its_status_and_the_consumer_groups_offsets(
     assert (record.seq, record.records_read, record.records_quarantined) == (1, 10, 0)
     assert record.offset_lag == {0: 4, 1: 3} and record.next_offsets == {0: 5, 1: 5}
     assert record.time_lag_seconds > 0 and record.partition_time_lag_seconds[0] > 0
-    token = tokens.newest(storage, topic_name)
+    token = commit.newest(storage, topic_name)
     assert record.committed_at == token.created_at and record.run_id == token.run_id
     assert record.bytes_written == token.counts.bytes > 0
     assert record.duration_seconds == (token.created_at - token.planned_at).total_seconds()
@@ -79,7 +79,7 @@ def test_a_group_kafka_refuses_to_update_leaves_the_commit_standing(
 
     assert summary.consumer_group is None and group in summary.consumer_group_error
     storage = archiver.storage(cfg)
-    assert tokens.newest(storage, topic_name).next_offsets == {0: 4}
+    assert commit.newest(storage, topic_name).next_offsets == {0: 4}
     assert status.recent(storage, topic_name)[0].consumer_group_error is not None
 
 

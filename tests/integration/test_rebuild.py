@@ -70,7 +70,7 @@ def test_late_event_lands_in_its_date_and_its_rebuild_reads_only_its_backup_file
 
     assert len(backups) == 6
     assert [s.key for s in chosen.sources] == [layout.backup_key(topic_name, 1, 1, 5)]
-    assert chosen.sources[0].files == [
+    assert list(chosen.sources[0].files) == [
         k for k in storage.list(f"partitioned/{topic_name}/dt=2019-04-02/")
     ]
     contents = read_archive(storage, topic_name)
@@ -94,7 +94,9 @@ def test_archive_run_committing_during_a_rebuild_of_the_same_date_keeps_both(
     archiver.run(cfg)
 
     rebuild_job(archiver.spark, chosen, cfg, archiver.options)
+    done = archiver.commit_rebuild(cfg, chosen)  # commits after the archive run: not stopped
 
+    assert (done.seq, done.kind, done.next_offsets) == (3, "rebuild", {0: 15})
     contents = read_archive(storage, topic_name)
     assert_exactly_once(contents, all_offsets({0: 15}))
     assert sorted(int(r["event_id"][1:]) for _, r in contents.partitioned) == list(range(15))

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cairn import manifest, tokens
+from cairn import commit, manifest, tokens
 from cairn.cli import main as cli
 from cairn.plan import RetentionGap, TopicRecreated
 from cairn_stack.demo import create_topic, produce
@@ -69,7 +69,7 @@ def test_records_deleted_before_archiving_fail_the_run_naming_the_range(
 
     assert summary.ranges == {0: (12, 20)}
     gap = {"partition": 0, "from_offset": 5, "to_offset": 12}
-    newest = tokens.newest(storage, topic_name)
+    newest = commit.newest(storage, topic_name)
     assert [g.model_dump() for g in newest.gaps] == [gap]
     assert [g.model_dump() for g in manifest.load(storage, newest.manifest).gaps] == [gap]
     offsets = coords(read_archive(storage, topic_name).backup)
@@ -117,5 +117,5 @@ def test_rewind_past_retention_is_refused_and_deletes_nothing(
     assert cli([*args, "--count", "1"]) == 1
 
     error = capsys.readouterr().err
-    assert "[5, 10)" in error and "rebuild" in error
+    assert "partition 0 [5, 20)" in error and "retention" in error and "rebuild" in error
     assert storage.list() == before

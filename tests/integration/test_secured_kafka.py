@@ -20,7 +20,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from cairn import cli, kafka_meta, tokens
+from cairn import cli, commit, kafka_meta, tokens
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn_stack import certs
 from tests.integration.conftest import Archiver, coords, read_archive
@@ -116,7 +116,7 @@ def test_a_topic_on_the_secured_listener_is_archived_through_it(
     error = capsys.readouterr().err
     assert f"Kafka configuration file {str(wrong)!r}" in error and "invalid credentials" in error
     assert cli.main([*argv, "--count", "1", "--kafka-config", str(settings)]) == 0
-    assert tokens.newest(archiver.storage(cfg), topic_name) is None
+    assert commit.newest(archiver.storage(cfg), topic_name) is None
 
 
 @pytest.mark.parametrize("case", REFUSALS)
@@ -148,5 +148,5 @@ def test_refused_access_fails_the_run_naming_the_connection_and_changes_nothing(
     assert message.startswith(f"{LABEL} (bootstrap servers")
     assert java_cause in message
     assert kafka_secured["sasl.password"] not in message
-    assert tokens.newest(storage, topic_name) is None
+    assert commit.newest(storage, topic_name) is None
     assert read_archive(storage, topic_name).backup == []

@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 import cairn_connect
-from cairn import tokens
+from cairn import commit
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
 from cairn_connect import (
     CONNECT_MODE,
@@ -170,7 +170,7 @@ def test_a_refused_login_fails_with_kafka_access_denied_and_no_secret_reaches_th
 
     message = str(refused.value)
     assert message.startswith(f"{LABEL} (bootstrap servers") and "Sasl" in message
-    assert tokens.newest(good.storage(cfg), topic_name) is None
+    assert commit.newest(good.storage(cfg), topic_name) is None
     # The run with the right settings goes through; the server's processes (the JVM and its
     # Python workers) never had the password or the S3 secret in their argv or environment.
     good.write(cfg, planned)

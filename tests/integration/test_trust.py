@@ -16,14 +16,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cairn import fence, rebuild, run, tokens
+from cairn import commit, rebuild, run, tokens
 from cairn.cli import main as cli
 from cairn.config import REPO
 from cairn.errors import PERMANENT_EXIT
 from cairn.layout import token_key
 from cairn.plan import TopicRecreated
 from cairn.storage import Storage
-from cairn.tokens import RewindRefused
 from cairn.writer import KafkaRecord, write_partition
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
@@ -38,12 +37,12 @@ def transactional(kafka: str, topic: str, batches: list[tuple[list[bytes], bool]
     """Produce each batch in its own transaction, committing or aborting it."""
     producer = Producer({"bootstrap.servers": kafka, "transactional.id": uuid.uuid4().hex})
     producer.init_transactions(30)
-    for values, commit in batches:
+    for values, committed in batches:
         producer.begin_transaction()
         for value in values:
             producer.produce(topic, value, partition=0)
         producer.flush(30)
-        if commit:
+        if committed:
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
@@ -86,7 +85,7 @@ def test_latest_start_records_the_position_once_and_archives_what_follows(
 
     storage = archiver.storage(cfg)
     assert first is not None and first.counts.read == 0
-    assert tokens.newest(storage, topic_name).next_offsets == {0: 5, 1: 5}
+    assert commit.newest(storage, topic_name).next_offsets == {0: 5, 1: 5}
     assert archiver.run(cfg) is None
     fill(kafka, topic_name, partitions=2, per_partition=3, start=5)
 
@@ -101,8 +100,9 @@ def test_latest_start_records_the_position_once_and_archives_what_follows(
 def test_a_newer_claim_fences_a_run_that_verified_and_no_record_is_lost(
     kafka, archiver, make_cfg, topic_name
 ) -> None:
-    """A and B plan from the same token; A writes and verifies, then B plans, cleans and dies.
-    A may not commit (B fenced it); the next run archives everything once."""
+    """A and B plan from the same token; A writes and verifies, then B plans, cleans (discarding
+    what A staged: B fenced it out) and dies. A may not commit; the next run archives everything
+    once."""
     create_topic(kafka, topic_name, partitions=2)
     fill(kafka, topic_name, partitions=2, per_partition=12)
     cfg = make_cfg(topic_name)
@@ -111,11 +111,11 @@ def test_a_newer_claim_fences_a_run_that_verified_and_no_record_is_lost(
     archiver.write(cfg, a)
     report = run.verify_run(storage, a)
     b = archiver.plan(cfg)
-    run.clean_run(cfg, storage, b, archiver.kafka)  # must not touch A's staged files
+    assert run.clean_run(storage, b) == [a.attempt_id]
 
-    with pytest.raises(fence.Fenced, match="fenced out"):
+    with pytest.raises(commit.Fenced, match="fenced out"):
         run.commit_run(cfg, storage, a, report, archiver.kafka)
-    assert tokens.newest(storage, topic_name) is None
+    assert commit.newest(storage, topic_name) is None
 
     archiver.run(cfg)
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 12, 1: 12}))
@@ -125,7 +125,7 @@ def test_a_fenced_attempt_that_wins_the_commit_race_is_published_and_the_newer_o
     kafka, archiver, make_cfg, topic_name, monkeypatch
 ) -> None:
     """A passed its last check a moment before B claimed, so A's token gets created after B's
-    claim (the two-request window). B's clean must keep A's files; B's commit must fail."""
+    claim (the two-request window). A is published; B's steps and commit fail."""
     create_topic(kafka, topic_name, partitions=1)
     fill(kafka, topic_name, partitions=1, per_partition=10)
     cfg = make_cfg(topic_name)
@@ -137,14 +137,14 @@ def test_a_fenced_attempt_that_wins_the_commit_race_is_published_and_the_newer_o
     b = archiver.plan(cfg)  # reads [0, 15) from the same (absent) token
 
     with monkeypatch.context() as patched:  # A's last check passed just before B's claim
-        patched.setattr(fence, "check_live", lambda *_: None)
+        patched.setattr(commit.NewestClaim, "check", lambda *_: None)
         run.commit_run(cfg, storage, a, report, archiver.kafka)
-    with pytest.raises(fence.Fenced):
+    with pytest.raises(commit.Fenced):
         archiver.write(cfg, b)
-    with pytest.raises(fence.Fenced):
+    with pytest.raises(commit.Fenced):
         archiver.finish(cfg, b)
 
-    assert tokens.newest(storage, topic_name).attempt_id == a.attempt_id
+    assert commit.newest(storage, topic_name).attempt_id == a.attempt_id
     archiver.run(cfg)
     assert [t.next_offsets for t in tokens.list_tokens(storage, topic_name)] == [{0: 10}, {0: 15}]
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 15}))
@@ -167,7 +167,7 @@ def test_a_stale_plan_replayed_after_another_run_committed_fails_fast_and_change
     before = storage.list()
 
     for step in (lambda: archiver.write(cfg, a), lambda: archiver.finish(cfg, a)):
-        with pytest.raises(fence.Fenced, match="stale"):
+        with pytest.raises(commit.Fenced, match="stale"):
             step()
     zombie = [
         KafkaRecord(topic_name, 0, o, 0, 0, None, event(o, NOW)) for o in range(10)
@@ -208,7 +208,7 @@ def test_a_recreated_topic_is_refused_and_archives_under_a_new_prefix(
     ]
 
 
-def test_a_hand_rewind_past_retention_keeps_every_archived_record(
+def test_a_hand_rewind_past_retention_keeps_the_archived_records_it_cannot_read_again(
     kafka, archiver, make_cfg, topic_name
 ) -> None:
     create_topic(kafka, topic_name, partitions=1)
@@ -222,14 +222,15 @@ def test_a_hand_rewind_past_retention_keeps_every_archived_record(
     delete_records(kafka, topic_name, before=10)
     before = {k: storage.read(k) for k in storage.list() if k.startswith("backup/")}
 
-    with pytest.raises(RewindRefused, match=r"partition 0 from offset 5"):
-        archiver.run(cfg)
+    summary = archiver.run(cfg)  # adopts [5, 20): Kafka cannot serve [5, 10) again
 
+    assert summary.counts.read == 0 and summary.gaps == []
+    assert commit.newest(storage, topic_name).adopted == {0: (5, 20)}
     assert {k: storage.read(k) for k in storage.list() if k.startswith("backup/")} == before
-    assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(20)]
+    assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 20}))
 
 
-def test_a_rewind_on_a_compacted_topic_is_refused_by_the_cli_and_by_the_run(
+def test_a_rewind_on_a_compacted_topic_is_refused_by_the_cli_and_kept_by_the_run(
     kafka, archiver, make_cfg, topic_name, tmp_path, capsys
 ) -> None:
     admin = AdminClient({"bootstrap.servers": kafka})
@@ -248,8 +249,9 @@ def test_a_rewind_on_a_compacted_topic_is_refused_by_the_cli_and_by_the_run(
     assert cli([*args, "--count", "1"]) == 1
     assert "compacted" in capsys.readouterr().err
     storage.delete(token_key(topic_name, 2))  # by hand, bypassing the CLI
-    with pytest.raises(RewindRefused, match="compacted"):
-        archiver.run(cfg)
+    summary = archiver.run(cfg)  # keeps what a re-read might no longer return
+
+    assert summary.counts.read == 0 and commit.newest(storage, topic_name).adopted == {0: (6, 12)}
     assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(12)]
 
 
@@ -308,7 +310,7 @@ def test_rebuild_selection_reads_only_the_rebuilt_dates_and_reaches_spark_by_ref
 
 
 def test_a_retried_commit_after_the_token_was_created_succeeds(
-    kafka, archiver, make_cfg, topic_name
+    kafka, archiver, make_cfg, topic_name, monkeypatch
 ) -> None:
     create_topic(kafka, topic_name, partitions=1)
     fill(kafka, topic_name, partitions=1, per_partition=8)
@@ -317,10 +319,17 @@ def test_a_retried_commit_after_the_token_was_created_succeeds(
     planned = archiver.plan(cfg)
     archiver.write(cfg, planned)
     report = run.verify_run(storage, planned)
-    # the conditional PUT succeeded but its response was lost: the token exists, nothing moved
-    run.prepare_publication(storage, planned)
-    token = run.token_for(cfg, planned, report)
-    storage.create(token_key(topic_name, planned.seq), token.model_dump_json().encode())
+    real_create = storage.create
+
+    def created_but_lost(key: str, data: bytes) -> None:
+        real_create(key, data)
+        if key == token_key(topic_name, 1):
+            raise ConnectionError("the conditional PUT succeeded but its response was lost")
+
+    monkeypatch.setattr(storage, "create", created_but_lost)
+    with pytest.raises(ConnectionError):
+        run.commit_run(cfg, storage, planned, report, archiver.kafka)
+    monkeypatch.undo()
 
     summary = run.commit_run(cfg, storage, planned, report, archiver.kafka)
     again = run.commit_run(cfg, storage, planned, report, "127.0.0.1:1")  # Kafka unreachable

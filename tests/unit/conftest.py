@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from cairn import fence, manifest, run, staging, tokens
+from cairn import commit, run
 from cairn.config import TopicConfig
-from cairn.layout import Chain
 from cairn.plan import Plan
 from cairn.storage import Storage
-from cairn.tokens import Token
+from cairn.tokens import Kind, Token
 from cairn.writer import KafkaRecord, write_partition
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
@@ -56,26 +56,30 @@ def make_token(
 
 
 def claim_next(
-    storage: Storage, topic: str = "orders", chain: Chain = "archive", run_id: str = "run"
-) -> fence.Claim:
-    """Claim the link after the chain's newest; the claim object holds just the claim."""
-    base = fence.newest_link(storage, topic, chain)
-    return fence.claim(storage, topic, chain, base, run_id, lambda c: c.model_dump_json().encode())
+    storage: Storage, topic: str = "orders", kind: Kind = "archive", run_id: str = "run"
+) -> commit.Claim:
+    """Claim the token after the newest; the claim object holds just the claim (as a plan's
+    `claim` field)."""
+    base = commit.newest(storage, topic)
+
+    def body(claim: commit.Claim) -> bytes:
+        return json.dumps({"claim": claim.model_dump(mode="json")}).encode()
+
+    return commit.claim(storage, topic, kind, base, run_id, body)
 
 
 def commit_next(storage: Storage, next_offsets: dict[int, int], **fields: Any) -> Token:
-    """Claim and commit the next token, planned from the newest (no files: a position only)."""
-    topic = fields.get("topic", "orders")
-    previous = tokens.newest(storage, topic)
+    """Claim and commit the next archive token, planned from the newest (no files: a position
+    only), through the one commit site."""
+    topic = fields.pop("topic", "orders")
     claim = claim_next(storage, topic)
-    token = make_token(
-        claim.seq,
-        next_offsets,
-        previous.next_offsets if previous else None,
-        **{"attempt_id": claim.attempt_id} | fields,
+    change = commit.Change(
+        requirements=[commit.SamePosition(), commit.NewestClaim()],
+        adds={},
+        position=next_offsets,
+        fields={"planned_at": claim.created_at} | fields,
     )
-    assert tokens.commit(storage, token, claim)
-    return token
+    return commit.commit(storage, claim, lambda: change)
 
 
 def archive_run(
@@ -87,13 +91,12 @@ def archive_run(
 ) -> Token:
     """One committed archive run of `records`, as `cairn.run` drives it but without Kafka.
 
-    Settle, claim the next token with a `Planned` body, stage every partition's files with
-    `write_partition`, save and verify the manifest against the staging area, then store the
-    publication, commit the token through the fence and publish. Returns the token.
+    Settle and claim the next token with a `Planned` body, stage every partition's files with
+    `write_partition`, save and verify the manifest against the staging area, then commit through
+    `cairn.run.commit_token` (the one commit site). Returns the token.
     """
     topic = cfg.topic
-    staging.settle(storage, topic)
-    previous = tokens.newest(storage, topic)
+    previous = commit.settle(storage, topic)
     base = previous.next_offsets if previous else {}
     by_partition: dict[int, list[KafkaRecord]] = {}
     for r in records:
@@ -103,55 +106,25 @@ def archive_run(
     }
     planned_plan = Plan(topic=topic, ranges=ranges, capped=False)
 
-    def body(claim: fence.Claim) -> bytes:
-        made = run.Planned(
+    def made(claim: commit.Claim) -> run.Planned:
+        return run.Planned(
             claim=claim,
             topic=topic,
             run_id=run_id,
             topic_id=None,
-            base_offsets=base,
             plan=planned_plan,
             planned_at=processing_time,
         )
-        return made.model_dump_json().encode()
 
-    link = fence.Link(seq=previous.seq, created_at=previous.created_at) if previous else None
-    claim = fence.claim(storage, topic, "archive", link, run_id, body)
+    claim = commit.claim(
+        storage, topic, "archive", previous, run_id, lambda c: made(c).model_dump_json().encode()
+    )
     planned = run.load_planned(storage, claim.key)
     staged = planned.staged(storage)
-    results = {
-        p: write_partition(rs, cfg, staged, processing_time, planned.attempt_id)
-        for p, rs in sorted(by_partition.items())
-    }
-    attempt = manifest.Manifest(
-        topic=topic,
-        attempt_id=planned.attempt_id,
-        run_id=run_id,
-        generation=cfg.generation,
-        ranges=planned_plan.to_read,
-        records_read={p: r.records for p, r in results.items()},
-        files=[e for r in results.values() for e in r.files],
-        processing_time=processing_time,
-        created_at=datetime.now(UTC),
-        parses=cfg.parses,
-    )
-    manifest.save(storage, attempt)
+    results = [
+        write_partition(rs, cfg, staged, processing_time, planned.attempt_id)
+        for _, rs in sorted(by_partition.items())
+    ]
+    run.save_attempt(cfg, storage, planned, results)
     report = run.verify_run(storage, planned)  # checks the claim, verifies the staged files
-    publication = staging.Publication(move=[e.key for e in attempt.files])
-    staging.prepare(storage, topic, planned.attempt_id, publication)
-    token = Token(
-        seq=planned.seq,
-        topic=topic,
-        generation=cfg.generation,
-        next_offsets=planned_plan.next_offsets,
-        previous_offsets=base,
-        counts=report.counts,
-        manifest=planned.manifest_key,
-        attempt_id=planned.attempt_id,
-        run_id=run_id,
-        created_at=datetime.now(UTC),
-        planned_at=processing_time,
-    )
-    assert tokens.commit(storage, token, claim)
-    staging.publish(storage, topic, planned.attempt_id)
-    return token
+    return run.commit_token(cfg, storage, planned, report, None)

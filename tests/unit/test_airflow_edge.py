@@ -10,18 +10,18 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from cairn.commit import Conflict, Fenced
 from cairn.config import TopicConfig
-from cairn.fence import Fenced
 from cairn.manifest import VerificationFailed
 from cairn.plan import Plan, RetentionGap, TopicRecreated
-from cairn.tokens import RewindRefused
+from cairn.rewind import RewindRefused
 from cairn_airflow import fail_fast, schema_registries
 from cairn_connect import Connected, shared_session_id
 from tests.unit.conftest import claim_next
 
 
 @pytest.mark.parametrize(
-    "error", [Fenced, RetentionGap, VerificationFailed, TopicRecreated, RewindRefused]
+    "error", [Fenced, Conflict, RetentionGap, VerificationFailed, TopicRecreated, RewindRefused]
 )
 def test_permanent_errors_fail_the_task_without_retries_keeping_the_message(error):
     with pytest.raises(AirflowFailException, match="topic 'orders'"), fail_fast():

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cairn import completeness
+from cairn import commit, completeness, rewind
 from cairn.completeness import LogView, complete_through, cutoff, passed
 from cairn.layout import parse_data_key, success_key
 from cairn.storage import Storage
@@ -153,7 +153,7 @@ class Topic:
             self.log[r.partition].append(r)
 
     def archive(self, processing_time: str) -> None:
-        newest = completeness.tokens.newest(self.storage, TOPIC)
+        newest = commit.newest(self.storage, TOPIC)
         position = newest.next_offsets if newest else {}
         todo = [r for p, rs in self.log.items() for r in rs[position.get(p, 0) :]]
         archive_run(self.storage, self.cfg, at(processing_time), todo)
@@ -239,7 +239,7 @@ def test_late_records_amend_a_complete_date_and_a_rebuild_rewrites_it(topic, mon
 
     manifest = rebuild(topic.storage, topic.cfg, D1)
     assert topic.storage.exists(success_key(TOPIC, "dt=2024-06-01"))  # not removed as data
-    redone = completeness.rebuilt(topic.cfg, topic.storage, manifest)
+    redone = completeness.rebuilt(topic.cfg, topic.storage, manifest.token)
     assert redone.amended == [D1]
     assert topic.marker(D1).change == "rebuilt" and topic.marker(D1).records == amended.records
 
@@ -248,7 +248,7 @@ def test_a_rewind_amends_the_dates_the_re_read_runs_write(topic, monkeypatch):
     topic.produce(event(0, 2, "2024-06-02T03:00", "2024-06-02T03:00"))
     topic.archive("2024-06-02T03:05")
     topic.check(monkeypatch, "2024-06-02T03:10")
-    completeness.tokens.rewind(topic.storage, TOPIC, low_watermarks=None, count=2)
+    rewind.rewind(topic.storage, topic.cfg, None, count=2)
     topic.archive("2024-06-02T04:00")  # re-reads everything into the same file names
     done = topic.check(monkeypatch, "2024-06-02T04:10", "after-rewind")
     assert done.amended == [D1]

@@ -7,7 +7,6 @@ from cairn.layout import (
     DataFile,
     attempt_prefix,
     backup_key,
-    chain_key,
     check_id,
     check_path_format,
     check_topic,
@@ -16,11 +15,13 @@ from cairn.layout import (
     data_prefixes,
     event_folder,
     folder_date,
+    head_key,
     is_safe_folder,
     link_seq,
     manifest_key,
     parse_data_key,
     partitioned_key,
+    pending_key,
     quarantine_key,
     token_key,
 )
@@ -37,8 +38,8 @@ def test_keys_follow_the_documented_layout():
         "quarantine/orders/dt=2024-05-01/1_0_00000000000000000007.avro"
     )
     assert token_key("orders", 12) == "_tokens/orders/000000000012.json"
-    assert chain_key("orders", "archive", 12) == token_key("orders", 12)
-    assert chain_key("orders", "rebuild", 3) == "_rebuilds/orders/000000000003.json"
+    assert head_key("orders") == "_heads/orders.json"
+    assert pending_key("orders", "a-1") == "_publishing/orders/a-1.json"
     assert claim_key("orders", "rebuild", 3, 2) == "_claims/orders/rebuild/000000000003-000002.json"
     assert attempt_prefix("orders", "a-1") == "_attempts/orders/a-1/"
     assert manifest_key("orders", "run-1.try2") == "_manifests/orders/run-1.try2.json"
@@ -111,7 +112,7 @@ def test_bad_coordinates_and_ids_are_refused():
 
 def test_link_seq_reads_only_link_keys():
     assert link_seq(token_key("t", 5)) == 5
-    assert link_seq(chain_key("t", "rebuild", 7)) == 7
+    assert link_seq("_rebuilds/t/000000000007.json") == 7
     assert link_seq("_tokens/t/5.json") is None
     assert link_seq("_tokens/t/000000000005.json.tmp") is None
     assert link_seq(claim_key("t", "archive", 5, 1)) is None
@@ -133,7 +134,7 @@ def test_unsafe_attempt_ids_are_refused(bad):
 
 def test_link_and_claim_numbers_out_of_range_are_refused():
     with pytest.raises(ValueError):
-        chain_key("t", "archive", 10**12)
+        token_key("t", 10**12)
     with pytest.raises(ValueError):
         claim_key("t", "archive", 1, 0)
     with pytest.raises(ValueError):

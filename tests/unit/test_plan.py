@@ -13,6 +13,7 @@ from cairn.plan import (
     PartitionVanished,
     Plan,
     RetentionGap,
+    Span,
     TopicRecreated,
     Watermarks,
     kafka_assign_json,
@@ -73,12 +74,79 @@ def test_nothing_new_is_an_empty_plan_keeping_the_position():
         kafka_json_offsets("orders", p)
 
 
-@pytest.mark.parametrize(("start", "expected"), [("earliest", (0, 7)), ("latest", (7, 7))])
-def test_partition_added_after_the_token_follows_the_policy(start, expected):
+@pytest.mark.parametrize("start", ["earliest", "latest"])
+def test_a_partition_added_after_the_first_run_is_read_from_its_first_offset(start):
+    """`latest` belongs to the topic's first run only (Kafka's own consumers apply it again)."""
     p = make(make_token(3, {0: 10}), wm(p0=(0, 10), p1=(0, 7)), start=start)
 
-    assert p.ranges[1] == expected
-    assert p.ranges[0] == (10, 10)
+    assert p.ranges == {0: (10, 10), 1: (0, 7)}
+
+
+def test_latest_with_no_token_but_rewound_files_is_not_a_first_run():
+    """Every token of a `latest` topic deleted by hand: partitions resume where their archive
+    began (its first rewound file), the others from Kafka's first offset; nothing is skipped."""
+    rewound = {0: [Span(40, 49)]}
+    p = plan("orders", None, wm(p0=(0, 60), p1=(5, 9)), 1000, "latest", False, rewound=rewound)
+
+    assert p.ranges == {0: (40, 60), 1: (5, 9)} and not p.adopted
+
+
+def test_rewound_files_kafka_still_holds_are_read_again_whole_however_small_the_cap():
+    rewound = {0: [Span(10, 29), Span(30, 44)]}
+    p = plan(
+        "orders", make_token(3, {0: 10}), wm(p0=(0, 60)), 5, "earliest", False, rewound=rewound
+    )
+
+    assert p.ranges == {0: (10, 30)} and p.capped and not p.adopted
+
+
+@pytest.mark.parametrize("accept_gaps", [False, True])
+def test_rewound_files_past_retention_are_adopted_never_declared_a_gap(accept_gaps):
+    """Kafka deleted offsets the archive still holds: those files are kept (with everything
+    before them) and the run reads on from after them."""
+    rewound = {0: [Span(10, 19), Span(20, 29), Span(30, 39)], 1: [Span(0, 4)]}
+    token = make_token(3, {0: 10, 1: 0})
+
+    p = plan(
+        "orders", token, wm(p0=(25, 60), p1=(0, 8)), 100, "earliest", accept_gaps, rewound=rewound
+    )
+
+    assert p.adopted == {0: (10, 30)} and p.gaps == []
+    assert p.ranges == {0: (30, 60), 1: (0, 8)}
+
+
+def test_a_real_gap_after_adopted_files_is_still_a_gap():
+    rewound = {0: [Span(10, 19)]}
+    with pytest.raises(RetentionGap, match=r"offsets \[20, 25\)"):
+        plan(
+            "orders",
+            make_token(3, {0: 10}),
+            wm(p0=(25, 60)),
+            100,
+            "earliest",
+            False,
+            rewound=rewound,
+        )
+
+
+def test_a_compacted_topic_adopts_every_rewound_file_and_kept_files_too():
+    rewound = {0: [Span(10, 19), Span(20, 29)]}
+    token = make_token(3, {0: 10})
+    compacted = plan(
+        "orders", token, wm(p0=(0, 40)), 100, "earliest", False, rewound=rewound, compacted=True
+    )
+    kept = plan(
+        "orders",
+        token,
+        wm(p0=(0, 40)),
+        100,
+        "earliest",
+        False,
+        rewound={0: [Span(10, 19, keep=True), Span(20, 29)]},
+    )
+
+    assert compacted.adopted == {0: (10, 30)} and compacted.ranges == {0: (30, 40)}
+    assert kept.adopted == {0: (10, 20)} and kept.ranges == {0: (20, 40)}
 
 
 def test_retention_gap_is_raised_naming_topic_partition_and_range():

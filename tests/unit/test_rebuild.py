@@ -5,26 +5,27 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 import fastavro
 import pytest
 
-from cairn import fence, staging, tokens
+from cairn import commit, rewind, tokens
 from cairn.avro import BACKUP_SCHEMA, millis
+from cairn.commit import Conflict
 from cairn.config import TopicConfig, load_topics
-from cairn.fence import Fenced
-from cairn.layout import event_folder, folder_date, parse_data_key, partitioned_key
-from cairn.manifest import VerificationFailed
+from cairn.layout import attempt_prefix, event_folder, folder_date, parse_data_key, partitioned_key
+from cairn.manifest import FileEntry, VerificationFailed
 from cairn.rebuild import (
-    RebuildManifest,
     RebuildRefused,
     RebuildResult,
     Selection,
-    finish_rebuild,
+    commit_rebuild,
+    load_attempt,
     load_selection,
-    read_rebuild,
     rebuild_source,
+    save_attempt,
     select,
     verify_rebuild,
 )
@@ -116,16 +117,45 @@ def build_archive(storage: Storage, cfg: TopicConfig) -> None:
 
 def rebuild_all(storage: Storage, cfg: TopicConfig, chosen: Selection) -> list[RebuildResult]:
     """The Spark job's tasks: every source re-derived into the rebuild's staging area."""
-    staged = staging.staged(storage, TOPIC, chosen.claim.attempt_id)
+    staged = commit.staged(storage, chosen.claim)
     return [rebuild_source(source, cfg, storage, staged) for source in chosen.sources]
 
 
-def rebuild(storage: Storage, cfg: TopicConfig, *days: date) -> RebuildManifest | None:
-    """One rebuild operation as the rebuild DAG drives it: select, re-derive, finish."""
+@dataclass(frozen=True)
+class Done:
+    """A committed rebuild: its token, and the files its manifest says it wrote."""
+
+    token: tokens.Token
+    files: list[FileEntry]
+
+    @property
+    def removed(self) -> list[str]:
+        return self.token.replaces
+
+    @property
+    def seq(self) -> int:
+        return self.token.seq
+
+
+def finish(
+    storage: Storage, cfg: TopicConfig, chosen: Selection, results: list[RebuildResult]
+) -> Done:
+    """The Spark job's last step (its manifest), then the rebuild DAG's commit task."""
+    save_attempt(storage, chosen, results)
+    token = commit_rebuild(storage, cfg, chosen)
+    return Done(token, load_attempt(storage, token.manifest).files)
+
+
+def rebuild(storage: Storage, cfg: TopicConfig, *days: date) -> Done | None:
+    """One rebuild operation as the rebuild DAG drives it: select, re-derive, commit."""
     chosen = select(storage, cfg, days, "rebuild-run")
     if chosen is None:
         return None
-    return finish_rebuild(storage, cfg, chosen, rebuild_all(storage, cfg, chosen))
+    return finish(storage, cfg, chosen, rebuild_all(storage, cfg, chosen))
+
+
+def rebuild_seqs(storage: Storage) -> list[int]:
+    return [t.seq for t in tokens.list_tokens(storage, TOPIC) if t.kind == "rebuild"]
 
 
 def read(storage: Storage, key: str) -> list[dict]:
@@ -207,8 +237,8 @@ def test_select_groups_the_dates_files_by_the_backup_file_named_in_their_headers
     chosen = select(storage, config(tmp_path), [D2], "rebuild-run")
 
     assert chosen == load_selection(storage, chosen.claim.key)  # Spark reads it by reference
-    assert (chosen.claim.chain, chosen.claim.seq, chosen.dates) == ("rebuild", 1, [D2])
-    assert (chosen.snapshot.seq, chosen.snapshot.next_offsets) == (3, {0: 11, 1: 7})
+    assert (chosen.claim.kind, chosen.claim.seq, chosen.dates) == ("rebuild", 4, [D2])
+    assert (chosen.claim.base_seq, chosen.claim.base_offsets) == (3, {0: 11, 1: 7})
     backup = {s.key: (s.partition, s.processing_time) for s in chosen.sources}
     assert backup == {
         f"backup/{TOPIC}/partition=0/1_0_{0:020d}.avro": (0, RUNS[0][0]),
@@ -238,7 +268,11 @@ def test_rebuild_with_the_same_config_rewrites_every_file_byte_for_byte(tmp_path
     assert done.removed == []  # same generation and parser: the same names
     assert sorted(e.key for e in done.files) == sorted(day_keys(storage, D2))
     assert data_files(storage) == before
-    assert read_rebuild(storage, TOPIC, 1) == done
+    assert (done.token.kind, done.token.rebuilt.dates, done.token.next_offsets) == (
+        "rebuild",
+        [D2],
+        {0: 11, 1: 7},
+    )
     assert storage.list("_attempts/") == []
 
 
@@ -275,7 +309,7 @@ def test_late_date_reads_only_the_backup_file_holding_it(tmp_path, storage):
     assert (source.key, source.partition) == (f"backup/{TOPIC}/partition=1/1_1_{3:020d}.avro", 1)
     [result] = rebuild_all(storage, cfg, chosen)
     assert (result.expected, result.records, result.missing) == (1, 1, [])
-    finish_rebuild(storage, cfg, chosen, [result])
+    finish(storage, cfg, chosen, [result])
 
     [key] = day_keys(storage, LATE)
     assert parse_data_key(key).gen == 2
@@ -340,8 +374,8 @@ def test_a_date_range_rebuilt_as_one_operation_files_its_records_where_the_fix_s
 
     done = rebuild(storage, fixed, D1, D2, D3, D4)
 
-    assert (done.seq, done.dates) == (1, [D1, D2, D3, D4])
-    assert fence.link_seqs(storage, TOPIC, "rebuild") == [1]
+    assert (done.seq, done.token.rebuilt.dates) == (4, [D1, D2, D3, D4])
+    assert rebuild_seqs(storage) == [4]
     assert day_keys(storage, LATE) == late  # not in the range: left where it was
     assert_exactly_once(storage)
     assert_in_place(storage, fixed, [k for k in where(storage).values() if k not in late])
@@ -362,7 +396,7 @@ def test_rebuilding_the_affected_dates_one_by_one_also_files_every_record_once(t
     assert_exactly_once(storage)
     assert_in_place(storage, fixed)
     assert day_keys(storage, LATE) == []
-    assert fence.link_seqs(storage, TOPIC, "rebuild") == [1, 2, 3, 4, 5, 6]
+    assert rebuild_seqs(storage) == [4, 5, 6, 7, 8, 9]
 
 
 def test_records_moved_far_away_are_followed_by_later_rebuilds(tmp_path, storage):
@@ -418,11 +452,11 @@ def test_a_record_missing_from_the_backup_makes_finish_refuse_and_change_nothing
     results = rebuild_all(storage, cfg, chosen)
 
     with pytest.raises(RebuildRefused, match=r"1_0_00000000000000000000\.avro lacks offsets \[2\]"):
-        finish_rebuild(storage, cfg, chosen, results)
+        finish(storage, cfg, chosen, results)
 
     assert data_files(storage) == before
     assert storage.list("_attempts/") == []
-    assert fence.link_seqs(storage, TOPIC, "rebuild") == []
+    assert rebuild_seqs(storage) == []
 
 
 def test_a_source_left_out_of_the_results_makes_finish_refuse(tmp_path, storage):
@@ -432,7 +466,7 @@ def test_a_source_left_out_of_the_results_makes_finish_refuse(tmp_path, storage)
     chosen = select(storage, cfg, [D2], "rebuild-run")
 
     with pytest.raises(RebuildRefused, match="a source was not rebuilt"):
-        finish_rebuild(storage, cfg, chosen, rebuild_all(storage, cfg, chosen)[1:])
+        finish(storage, cfg, chosen, rebuild_all(storage, cfg, chosen)[1:])
     assert data_files(storage) == before
     assert storage.list("_attempts/") == []
 
@@ -445,7 +479,7 @@ def test_a_new_file_that_would_replace_an_unselected_one_makes_finish_refuse(tmp
     storage.write(squatter, b"copied in by hand")
     before = data_files(storage)
 
-    with pytest.raises(RebuildRefused, match=f"would replace {squatter}"):
+    with pytest.raises(Conflict, match=f"would replace {squatter}"):
         rebuild(storage, tokyo, D1)
     assert data_files(storage) == before
     assert storage.list("_attempts/") == []
@@ -459,7 +493,7 @@ def test_rebuilding_twice_changes_nothing(tmp_path, storage):
 
     again = rebuild(storage, cfg, D2)
 
-    assert (again.seq, again.removed) == (2, [])
+    assert (again.seq, again.removed) == (5, [])
     assert data_files(storage) == first
     assert_exactly_once(storage)
 
@@ -472,20 +506,24 @@ def test_finish_retried_after_a_crash_midway_through_publishing_completes(
     chosen = select(storage, cfg, [D2], "rebuild-run")
     results = rebuild_all(storage, cfg, chosen)
 
-    def crash(*_) -> None:
-        raise OSError("connection lost")
+    real_publish = commit.publish
 
-    monkeypatch.setattr(staging, "publish", crash)  # the link is created, then the driver dies
+    def crash(storage_: Storage, token: tokens.Token) -> None:
+        if token.attempt_id == chosen.claim.attempt_id:
+            raise OSError("connection lost")
+        real_publish(storage_, token)
+
+    monkeypatch.setattr(commit, "publish", crash)  # the token is created, then the task dies
     with pytest.raises(OSError):
-        finish_rebuild(storage, cfg, chosen, results)
+        finish(storage, cfg, chosen, results)
     monkeypatch.undo()
-    prefix = staging.attempt_prefix(TOPIC, chosen.claim.attempt_id)
+    prefix = attempt_prefix(TOPIC, chosen.claim.attempt_id)
     first = next(k for k in storage.list(prefix) if parse_data_key(k[len(prefix) :]))
     storage.move(first, first[len(prefix) :])  # ...after publishing one file
 
-    done = finish_rebuild(storage, cfg, chosen, results)
+    done = finish(storage, cfg, chosen, results)
 
-    assert done == read_rebuild(storage, TOPIC, 1)
+    assert done.token == tokens.token_at(storage, TOPIC, 4)
     assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
     assert storage.list("_attempts/") == []
     assert_exactly_once(storage)
@@ -503,44 +541,48 @@ def test_files_committed_after_the_snapshot_are_untouched(tmp_path, storage):
     late = {k: storage.read(k) for k in day_keys(storage, D2) if k not in old}
     assert late
 
-    done = finish_rebuild(storage, cfg, chosen, results)
+    done = finish(storage, cfg, chosen, results)
 
     assert sorted(done.removed) == sorted(old)
     assert {k: v for k, v in data_files(storage).items() if k in late} == late
     assert_exactly_once(storage)
 
 
-def test_of_two_rebuild_claims_the_older_is_fenced_and_changes_nothing(tmp_path, storage):
+@pytest.mark.parametrize("first", ["older", "newer"])
+def test_of_two_overlapping_rebuilds_the_first_to_commit_wins_and_the_other_changes_nothing(
+    tmp_path, storage, first
+):
     build_archive(storage, config(tmp_path))
     cfg = config(tmp_path, generation=2)
-    older = select(storage, cfg, [D2], "rebuild-run-1")
-    older_results = rebuild_all(storage, cfg, older)
-    newer = select(storage, cfg, [D2], "rebuild-run-2")  # settling leaves the older's staging
-    assert (older.claim.seq, older.claim.k, newer.claim.seq, newer.claim.k) == (1, 1, 1, 2)
-    before = data_files(storage)
+    attempts = {"older": select(storage, cfg, [D2], "rebuild-run-1")}
+    results = {"older": rebuild_all(storage, cfg, attempts["older"])}
+    attempts["newer"] = select(storage, cfg, [D1, D2], "rebuild-run-2")
+    results["newer"] = rebuild_all(storage, cfg, attempts["newer"])
+    second = "newer" if first == "older" else "older"
 
-    with pytest.raises(Fenced, match="fenced out by a newer attempt"):
-        finish_rebuild(storage, cfg, older, older_results)
-    assert data_files(storage) == before
-    assert storage.list(staging.attempt_prefix(TOPIC, older.claim.attempt_id)) == []
+    done = finish(storage, cfg, attempts[first], results[first])
+    after = data_files(storage)
+    with pytest.raises(Conflict, match="the files it replaces changed"):
+        finish(storage, cfg, attempts[second], results[second])
 
-    done = finish_rebuild(storage, cfg, newer, rebuild_all(storage, cfg, newer))
-    assert done.attempt_id == newer.claim.attempt_id
+    assert data_files(storage) == after and rebuild_seqs(storage) == [done.seq]
+    assert storage.list(attempt_prefix(TOPIC, attempts[second].claim.attempt_id)) == []
     assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
+    assert_exactly_once(storage)
 
 
-def test_a_rewind_since_the_snapshot_makes_finish_refuse(tmp_path, storage):
+def test_a_rewind_since_the_selection_makes_the_commit_refuse(tmp_path, storage):
     build_archive(storage, config(tmp_path))
     cfg = config(tmp_path, generation=2)
     chosen = select(storage, cfg, [D2], "rebuild-run")
     results = rebuild_all(storage, cfg, chosen)
-    tokens.rewind(storage, TOPIC, low_watermarks=None, count=1)
+    rewind.rewind(storage, cfg, None, count=1)
     before = data_files(storage)
 
-    with pytest.raises(RebuildRefused, match="rewound"):
-        finish_rebuild(storage, cfg, chosen, results)
+    with pytest.raises(Conflict, match="rewound below the position it worked from"):
+        finish(storage, cfg, chosen, results)
     assert data_files(storage) == before
-    assert fence.link_seqs(storage, TOPIC, "rebuild") == []
+    assert rebuild_seqs(storage) == []
 
 
 def test_processing_time_topic_keeps_its_folders(tmp_path, storage):
@@ -570,7 +612,7 @@ def test_raw_topics_have_nothing_to_rebuild(tmp_path, storage):
 def test_verify_rebuild_catches_missing_resized_and_overlapping_files(tmp_path, storage):
     build_archive(storage, config(tmp_path))
     chosen = select(storage, config(tmp_path), [D1], "rebuild-run")
-    staged = staging.staged(storage, TOPIC, chosen.claim.attempt_id)
+    staged = commit.staged(storage, chosen.claim)
     results = rebuild_all(storage, config(tmp_path), chosen)
     [entry] = [e for r in results for e in r.files if (e.partition, e.first_offset) == (0, 0)]
     verify_rebuild(staged, [entry])

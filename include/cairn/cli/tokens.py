@@ -1,4 +1,5 @@
-"""`tokens list|rewind`: inspect a topic's offset tokens, and rewind (refused past retention)."""
+"""`tokens list|rewind`: inspect a topic's token chain, and rewind it (refused when the next run
+could not read again what it takes back: `cairn.rewind.refusal`, the rule the run applies)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import sys
 from datetime import datetime
 
-from cairn import kafka_meta, tokens
+from cairn import kafka_meta, rewind, tokens
 from cairn.cli.common import FOUND_PROBLEM, OK, USAGE, add_kafka_args, kafka_for, storage_for
 from cairn.config import TopicConfig
 from cairn.kafka_conf import KafkaAccessDenied, KafkaConfigError
@@ -21,45 +22,52 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     back.add_argument("topic")
     add_kafka_args(back)
     how = back.add_mutually_exclusive_group(required=True)
-    how.add_argument("--count", type=int, help="delete the newest COUNT tokens")
+    how.add_argument(
+        "--count", type=int, help="take back the newest COUNT archive runs (and tokens above them)"
+    )
     how.add_argument("--to-seq", type=int, help="keep tokens up to this seq (0: delete all)")
     how.add_argument("--before", help="delete tokens created at or after this ISO time")
 
 
 def run(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    return list_tokens(cfg) if args.command == "list" else rewind(cfg, args)
+    return list_tokens(cfg) if args.command == "list" else rewind_tokens(cfg, args)
 
 
 def list_tokens(cfg: TopicConfig) -> int:
     found = tokens.list_tokens(storage_for(cfg), cfg.topic)
     if not found:
         print(f"topic {cfg.topic}: no tokens (the next run starts from the beginning)")
+    previous = None
     for token in found:
+        if previous is not None and token.seq != previous + 1:
+            print(f"{'':>6}  (tokens {previous + 1}..{token.seq - 1} are missing: a hole)")
+        previous = token.seq
+        what = f"records={token.counts.read:<8}" if token.kind == "archive" else token.kind
         print(
-            f"{token.seq:>6}  {token.created_at:%Y-%m-%d %H:%M:%S}  "
-            f"records={token.counts.read:<8} next={json.dumps(token.next_offsets)}"
+            f"{token.seq:>6}  {token.created_at:%Y-%m-%d %H:%M:%S}  {what:<16} "
+            f"next={json.dumps(token.next_offsets)}"
             + (f"  gaps={len(token.gaps)}" if token.gaps else "")
+            + (f"  adopted={json.dumps(token.adopted)}" if token.adopted else "")
         )
     return OK
 
 
-def rewind(cfg: TopicConfig, args: argparse.Namespace) -> int:
+def rewind_tokens(cfg: TopicConfig, args: argparse.Namespace) -> int:
     try:
         state = kafka_meta.fetch_topic(kafka_for(args, "rewind"), cfg.topic)
     except (KafkaConfigError, KafkaAccessDenied) as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE
     try:
-        deleted = tokens.rewind(
+        deleted = rewind.rewind(
             storage_for(cfg),
-            cfg.topic,
-            low_watermarks={p: w.low for p, w in state.watermarks.items()},
-            compacted=state.compacted,
+            cfg,
+            state,
             count=args.count,
             to_seq=args.to_seq,
             before=datetime.fromisoformat(args.before) if args.before else None,
         )
-    except (tokens.RewindRefused, ValueError) as err:
+    except (rewind.RewindRefused, ValueError) as err:
         print(f"refused: {err}", file=sys.stderr)
         return FOUND_PROBLEM
     for key in deleted:

@@ -1,0 +1,526 @@
+"""The commit protocol: the one place where an attempt's work becomes part of the archive.
+
+Every change to a topic's data folders (an archive run, a rebuild, a seal) is an *attempt* that
+becomes one token of the topic's chain (`cairn.tokens`). In the spirit of a table commit with
+requirements (pyiceberg's `AssertRefSnapshotId`, the coordinator of Iceberg's Kafka Connect
+sink), an attempt:
+
+1. **claims**: it creates `_claims/<topic>/<kind>/<seq>-<k>.json` holding its whole plan (the
+   next free `k`, create-if-absent; `seq` is the token after the one it planned from), so its
+   Spark job reads the plan by reference. For archive runs the newest claim on a `seq` is the
+   live one: a stale plan (a backfill beside a scheduled run, an old run cleared and re-run, a
+   second deployment) fails fast at its next `check_live`.
+2. **stages** its files under `_attempts/<topic>/<attempt>/` with their final keys, so a reader
+   of the data folders never sees them and a fenced-out attempt (a zombie Spark job) can only
+   ever write there.
+3. **commits** through `commit`, the one commit site. It takes the newest token that counts
+   (`settle`: a crashed commit's publication is finished first), checks the attempt's
+   requirements against it (an archive run: the position is still the one it planned from and
+   its claim is the newest; a rebuild or seal: the files it replaces are still there and the
+   position was not rewound below what it read), marks the publication pending
+   (`_publishing/<topic>/<attempt>.json`) and creates the next token with an atomic
+   create-if-absent (S3 `If-None-Match: *`, a hard link on local disk). If another commit took
+   that seq first, the requirements are checked again against the new newest token: a rebuild
+   commits after the archive runs that committed meanwhile, a second archive run stops.
+4. **publishes**: the staged files move into the data folders, the files the token replaces are
+   deleted (parsed and quarantine files before backup files), and every file the token promises
+   is checked to be in its data folder with its size; only then is the pending mark removed.
+   Anyone may finish a pending publication, and a publication is never taken as done because
+   something is missing: a crashed commit is finished by the next attempt.
+
+**Which token counts.** The newest token is the position only if it stands on the token it was
+created on (it names that token's creation time) and its publication is whole. A token above a
+missing or replaced token (what a hand rewind leaves when it races a commit, or deleting a token
+that is not the newest) and a token whose staged files are gone before they were published are
+removed by the next `settle`, with a warning naming them: their offsets are read again, and their
+files, like every rewound file, stay in place until a commit holds those offsets again
+(`cairn.rewind`). So a record whose token counts is in the archive.
+
+**Costs.** Finding the newest token is one listing that starts at a known seq (the newest a commit
+recorded in `_heads/<topic>.json`, or the attempt's own base), never a listing of the whole chain;
+checking a claim lists only its seq's claims; nothing lists `_attempts/`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel, NonNegativeInt, PositiveInt
+
+from cairn import tokens
+from cairn.errors import PermanentError
+from cairn.layout import (
+    attempt_prefix,
+    claim_key,
+    claim_numbers,
+    claims_folder,
+    head_key,
+    parse_data_key,
+    pending_key,
+    token_key,
+)
+from cairn.storage import ObjectExists, Storage
+from cairn.tokens import Kind, Token
+
+log = logging.getLogger(__name__)
+
+_TRIES = 20
+_PREFIX: dict[str, str] = {"archive": "a", "rebuild": "r", "seal": "s"}
+
+
+class Fenced(PermanentError):
+    """This attempt may not commit: another attempt planned, claimed or committed meanwhile."""
+
+
+class Conflict(PermanentError):
+    """A requirement of the attempt no longer holds: what it was planned on has changed."""
+
+
+class BrokenPublication(PermanentError):
+    """A committed token promises a file that is neither staged nor in its data folder."""
+
+
+class Claim(BaseModel):
+    """One attempt's claim: planned from token `base_seq` (0: none) at position `base_offsets`."""
+
+    topic: str
+    kind: Kind
+    seq: PositiveInt
+    """The token after the one planned from (the token it commits, unless it rebases)."""
+    k: PositiveInt
+    attempt_id: str
+    run_id: str
+    base_seq: NonNegativeInt
+    base_created_at: datetime | None
+    base_offsets: dict[NonNegativeInt, NonNegativeInt] = {}
+    created_at: datetime
+
+    @property
+    def key(self) -> str:
+        return claim_key(self.topic, self.kind, self.seq, self.k)
+
+    @property
+    def label(self) -> str:
+        return f"topic {self.topic!r} {self.kind} attempt {self.attempt_id} (token {self.seq})"
+
+
+def claim(
+    storage: Storage,
+    topic: str,
+    kind: Kind,
+    base: Token | None,
+    run_id: str,
+    body: Callable[[Claim], bytes],
+) -> Claim:
+    """Claim the token after `base` (the newest token the attempt planned from).
+
+    `body(claim)` is what the claim object holds: the attempt's whole plan, so the later steps
+    (and the Spark job) read it by reference instead of carrying it in arguments.
+    """
+    seq = (base.seq if base else 0) + 1
+    for _ in range(_TRIES):
+        k = max(_claims_on(storage, topic, kind, seq), default=0) + 1
+        made = Claim(
+            topic=topic,
+            kind=kind,
+            seq=seq,
+            k=k,
+            attempt_id=f"{_PREFIX[kind]}-{seq:012d}-{k:06d}-{secrets.token_hex(3)}",
+            run_id=run_id,
+            base_seq=base.seq if base else 0,
+            base_created_at=base.created_at if base else None,
+            base_offsets=base.next_offsets if base else {},
+            created_at=datetime.now(UTC),
+        )
+        try:
+            storage.create(made.key, body(made))
+            return made
+        except ObjectExists:
+            continue  # another planner took this k at the same moment: take the next one
+    raise Fenced(f"topic {topic!r}: could not claim {kind} token {seq} in {_TRIES} tries")
+
+
+def staged(storage: Storage, claim: Claim) -> Storage:
+    """Where the attempt writes: its files keep their final keys below its prefix."""
+    return storage.child(attempt_prefix(claim.topic, claim.attempt_id))
+
+
+# --- requirements --------------------------------------------------------------------------
+
+
+class Requirement(Protocol):
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        """Raise Fenced or Conflict unless the attempt may still commit on `newest`."""
+
+
+@dataclass(frozen=True)
+class SamePosition:
+    """An archive run read from its base position: nothing else may have moved it since."""
+
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        now = newest.next_offsets if newest else {}
+        if now != claim.base_offsets:
+            where = f"token {newest.seq}" if newest else "no token"
+            raise Fenced(
+                f"{claim.label} is stale: it was planned from position "
+                f"{_offsets(claim.base_offsets)} (token {claim.base_seq}), but the newest is now "
+                f"{where} at {_offsets(now)} (another run committed, or the topic was rewound). "
+                "Nothing of this attempt was published; the next run plans afresh"
+            )
+
+
+@dataclass(frozen=True)
+class NewestClaim:
+    """Of the archive runs planned from one token, the newest claim is the live one."""
+
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        newer = max(_claims_on(storage, claim.topic, claim.kind, claim.seq), default=0)
+        if newer > claim.k:
+            raise Fenced(
+                f"{claim.label} was fenced out by a newer attempt on the same token (claim "
+                f"{newer} > {claim.k}: a concurrent or re-planned run). Nothing of this attempt "
+                "was published"
+            )
+
+
+@dataclass(frozen=True)
+class NotRewound:
+    """A rebuild or seal replaces files below its base position: a rewind below it since
+    (those offsets are to be read again) makes its work stale."""
+
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        now = newest.next_offsets if newest else {}
+        behind = {p: o for p, o in claim.base_offsets.items() if now.get(p, 0) < o}
+        if behind:
+            raise Conflict(
+                f"{claim.label}: the topic was rewound below the position it worked from "
+                f"({_offsets(behind)} → {_offsets(now)}); nothing was changed. Run it again once "
+                "the archive has caught up"
+            )
+
+
+@dataclass(frozen=True)
+class FilesCurrent:
+    """The files an attempt replaces are still the ones it read (nothing replaced them since)."""
+
+    files: Mapping[str, str]
+    """key → `Storage.version` when selected."""
+
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        changed = []
+        for key, version in sorted(self.files.items()):
+            try:
+                if storage.version(key) != version:
+                    changed.append(f"{key} was written again")
+            except FileNotFoundError:
+                changed.append(f"{key} is gone")
+        if changed:
+            raise Conflict(
+                f"{claim.label}: the files it replaces changed since it selected them "
+                f"({'; '.join(changed[:5])}): another commit replaced them. Nothing was changed; "
+                "run it again"
+            )
+
+
+@dataclass(frozen=True)
+class NothingOverwritten:
+    """The files an attempt adds overwrite nothing but what it replaces."""
+
+    adds: Iterable[str]
+    replaces: Iterable[str]
+
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        allowed = set(self.replaces)
+        foreign = [key for key in self.adds if key not in allowed and storage.exists(key)]
+        if foreign:
+            raise Conflict(
+                f"{claim.label}: its files would replace {', '.join(sorted(foreign)[:5])}, "
+                "which it did not select; nothing was changed"
+            )
+
+
+def live_requirements(kind: Kind) -> list[Requirement]:
+    """What every step of an attempt checks before it changes anything (cheap checks only)."""
+    return [SamePosition(), NewestClaim()] if kind == "archive" else [NotRewound()]
+
+
+def check_live(storage: Storage, claim: Claim) -> None:
+    """Raise Fenced or Conflict unless the attempt may still commit (its claim is live)."""
+    newest = _newest(storage, claim.topic, claim.base_seq)
+    for requirement in live_requirements(claim.kind):
+        requirement.check(storage, claim, newest)
+
+
+# --- the commit site -----------------------------------------------------------------------
+
+
+@dataclass
+class Change:
+    """What an attempt asks the commit site to do."""
+
+    requirements: list[Requirement]
+    adds: dict[str, int]
+    """Final keys (and sizes) of the staged files to publish."""
+    replaces: list[str] = field(default_factory=list)
+    """Keys in the data folders to delete once every added file is in place."""
+    position: dict[int, int] | None = None
+    """The position after the commit (archive runs); None carries the newest token's over."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The kind's own token fields (counts, manifest, gaps, ...)."""
+
+
+def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Token:
+    """Commit `claim`'s attempt: the one place a token is created. Returns its token.
+
+    Safe to retry at any point: a token that already names this attempt is success, and its
+    publication is finished (`prepare`, which checks the attempt's work and says what to
+    change, runs only when it has not committed yet). Raises Fenced or Conflict (nothing
+    changed) if a requirement fails.
+    """
+    done = committed(storage, claim)
+    if done is not None:
+        log.info("%s was already committed as token %s", claim.label, done.seq)
+        publish(storage, done)
+        return done
+    change = prepare()
+    replaces = sorted(set(change.replaces) - set(change.adds))
+    for _ in range(_TRIES):
+        newest = settle(storage, claim.topic, hint=claim.base_seq)
+        for requirement in change.requirements:
+            requirement.check(storage, claim, newest)
+        token = Token(
+            **change.fields,
+            seq=(newest.seq if newest else 0) + 1,
+            topic=claim.topic,
+            kind=claim.kind,
+            next_offsets=change.position if change.position is not None else _position(newest),
+            previous_offsets=claim.base_offsets,
+            base_created_at=newest.created_at if newest else None,
+            attempt_id=claim.attempt_id,
+            adds=change.adds,
+            replaces=replaces,
+            run_id=claim.run_id,
+            created_at=datetime.now(UTC),
+        )
+        storage.write(pending_key(claim.topic, claim.attempt_id), claim.attempt_id.encode())
+        try:
+            storage.create(
+                token_key(claim.topic, token.seq), token.model_dump_json(indent=2).encode()
+            )
+        except ObjectExists:
+            continue  # another commit took this seq: check the requirements against it
+        if not _stands(storage, token):  # a hand rewind removed the token it was created on
+            _remove(storage, token, "was created on a token that a rewind removed meanwhile")
+            storage.delete(pending_key(claim.topic, claim.attempt_id))  # nobody published it
+            discard(storage, claim)
+            raise Fenced(
+                f"{claim.label}: token {token.seq - 1} was deleted while this attempt committed "
+                f"on it (a rewind); token {token.seq} was withdrawn and nothing was published"
+            )
+        publish(storage, token)
+        storage.write(head_key(claim.topic), json.dumps({"seq": token.seq}).encode())
+        return token
+    raise Fenced(f"{claim.label}: {_TRIES} other commits took the next token first")
+
+
+def discard(storage: Storage, claim: Claim) -> None:
+    """Discard the attempt's own staging: it failed for good (refused, nothing committed)."""
+    storage.delete_prefix(attempt_prefix(claim.topic, claim.attempt_id))
+
+
+def committed(storage: Storage, claim: Claim) -> Token | None:
+    """The token that names this attempt, if it committed (looked for above its base only)."""
+    for seq in tokens.seqs(storage, claim.topic, after=claim.base_seq):
+        token = tokens.read(storage, claim.topic, seq)
+        if token is not None and token.attempt_id == claim.attempt_id:
+            return token
+    return None
+
+
+def publish(storage: Storage, token: Token) -> None:
+    """Finish the token's publication if it is pending; idempotent, so a retry finishes it.
+
+    Raises BrokenPublication if a promised file is neither staged nor in its data folder with
+    its size (its staged files were deleted before they were published).
+    """
+    if token.attempt_id is None:
+        return
+    marker = pending_key(token.topic, token.attempt_id)
+    prefix = attempt_prefix(token.topic, token.attempt_id)
+    if not storage.exists(marker):
+        if token.base_created_at is None:  # written before Cairn 0.2 (see _finish_legacy)
+            _finish_legacy(storage, prefix)
+        return  # published: the mark goes only once every file was checked in place
+    problems = []
+    for key, size in sorted(token.adds.items()):
+        try:
+            storage.move(prefix + key, key)
+            now = storage.size(key)
+        except FileNotFoundError:
+            problems.append(f"{key} is missing")
+            continue
+        if now != size:
+            problems.append(f"{key} has {now} bytes, the token says {size}")
+    if problems:
+        raise BrokenPublication(
+            f"topic {token.topic!r} token {token.seq} ({token.attempt_id}) promises files that "
+            f"are neither staged nor in place: {'; '.join(problems[:5])}"
+        )
+    for key in sorted(token.replaces, key=_backups_last):
+        storage.delete(key)
+    storage.delete(marker)
+    storage.delete_prefix(prefix)
+
+
+def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | None:
+    """The newest token that counts, with its publication finished (module doc, "Which token
+    counts"); tokens that do not count are removed, with a warning naming them."""
+    while True:
+        newest = _newest(storage, topic, hint)
+        if newest is None:
+            return None
+        if not _stands(storage, newest):
+            _remove(storage, newest, f"stands above a missing or replaced token {newest.seq - 1}")
+        else:
+            try:
+                publish(storage, newest)
+                return newest
+            except BrokenPublication as err:
+                _remove(storage, newest, f"cannot be published ({err})")
+        hint = newest.seq - 1
+
+
+def newest(storage: Storage, topic: str) -> Token | None:
+    """The newest token as it stands (for reading the position; a commit uses `settle`)."""
+    return _newest(storage, topic, None)
+
+
+def discard_fenced(storage: Storage, claim: Claim) -> list[str]:
+    """Discard the staging of attempts that can no longer commit: the older claims on this
+    claim's seq (it fenced them out) and those on its base's seq that a newer claim fenced, except
+    any whose publication is pending. So a zombie's late writes are discarded by the next run."""
+    keys = storage.list_after(claims_folder(claim.topic, claim.kind), _claim_floor(claim.seq - 1))
+    by_seq: dict[int, list[tuple[int, str]]] = {}
+    for key in keys:
+        numbers = claim_numbers(key)
+        if numbers is not None and numbers[0] in (claim.seq - 1, claim.seq):
+            by_seq.setdefault(numbers[0], []).append((numbers[1], key))
+    fenced = [key for k, key in by_seq.get(claim.seq, []) if k < claim.k]
+    earlier = by_seq.get(claim.seq - 1, [])
+    fenced += [key for k, key in earlier if k < max(earlier)[0]]
+    discarded = []
+    for key in fenced:
+        other = _attempt_of(storage, key)
+        if other is None or storage.exists(pending_key(claim.topic, other)):
+            continue
+        storage.delete_prefix(attempt_prefix(claim.topic, other))
+        discarded.append(other)
+    return discarded
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _newest(storage: Storage, topic: str, hint: int | None) -> Token | None:
+    """The newest token, found from `hint` (a seq believed to exist) or the recorded head.
+
+    One listing from the hint finds it when nothing was rewound; after a rewind, listings from
+    ever further below (1, 2, 4, ... seqs) find the newest that is left.
+    """
+    if hint is None:
+        hint = _recorded_head(storage, topic)
+    if not hint:
+        found = tokens.seqs(storage, topic)
+        return tokens.read(storage, topic, found[-1]) if found else None
+    step = 1
+    while True:
+        after = max(0, hint - step)
+        found = tokens.seqs(storage, topic, after=after)
+        if found:
+            token = tokens.read(storage, topic, found[-1])
+            if token is not None:
+                return token
+            continue  # deleted between the listing and the read: list again
+        if after == 0:
+            return None
+        step *= 2
+
+
+def _recorded_head(storage: Storage, topic: str) -> int | None:
+    try:
+        return int(json.loads(storage.read(head_key(topic)))["seq"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stands(storage: Storage, token: Token) -> bool:
+    """Whether `token` stands on the token it was created on (tokens written before Cairn
+    recorded that, and the first token, stand)."""
+    if token.seq == 1 or token.base_created_at is None:
+        return True
+    below = tokens.read(storage, token.topic, token.seq - 1)
+    return below is not None and below.created_at == token.base_created_at
+
+
+def _remove(storage: Storage, token: Token, why: str) -> None:
+    log.warning(
+        "topic %s: token %s (%s) %s: it does not count and is removed; its offsets are read "
+        "again, and its files stay until a commit holds them again",
+        token.topic,
+        token.seq,
+        token.attempt_id,
+        why,
+    )
+    storage.delete(token_key(token.topic, token.seq))
+
+
+def _finish_legacy(storage: Storage, prefix: str) -> None:
+    """Finish a publication that a commit made before the upgrade left half done: it is listed
+    in the attempt's `_publication.json` instead of the token."""
+    try:
+        done = json.loads(storage.read(prefix + "_publication.json"))
+    except FileNotFoundError:
+        return
+    for key in done.get("move", []):
+        storage.move(prefix + key, key)
+    for key in done.get("delete", []):
+        storage.delete(key)
+    storage.delete_prefix(prefix)
+
+
+def _position(newest: Token | None) -> dict[int, int]:
+    return dict(newest.next_offsets) if newest else {}
+
+
+def _backups_last(key: str) -> tuple[bool, str]:
+    found = parse_data_key(key)
+    return (found is not None and found.kind == "backup", key)
+
+
+def _claims_on(storage: Storage, topic: str, kind: str, seq: int) -> list[int]:
+    """The claim numbers `k` on token `seq` (one listing that starts at `seq`'s claims)."""
+    keys = storage.list_after(claims_folder(topic, kind), _claim_floor(seq))
+    found = (claim_numbers(key) for key in keys)
+    return [n[1] for n in found if n is not None and n[0] == seq]
+
+
+def _claim_floor(seq: int) -> str:
+    """A name sorting just before every claim on `seq`."""
+    return f"{seq - 1:012d}-999999.json"
+
+
+def _attempt_of(storage: Storage, key: str) -> str | None:
+    try:
+        return json.loads(storage.read(key))["claim"]["attempt_id"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _offsets(offsets: Mapping[int, int]) -> str:
+    return "{" + ", ".join(f"{p}: {o}" for p, o in sorted(offsets.items())) + "}"
