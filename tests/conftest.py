@@ -1,6 +1,6 @@
-"""Test harness: real Kafka (KRaft), SeaweedFS (S3) and Spark (local mode, and a Spark Connect
-server), started once per test run on free loopback ports with all state in a temporary
-folder, and stopped afterwards.
+"""Test harness: real Kafka (KRaft), SeaweedFS (S3), PostgreSQL and Spark (local mode, and a
+Spark Connect server), started once per test run on free loopback ports with all state in a
+temporary folder, and stopped afterwards.
 
 Tests under tests/integration/ are marked `integration` automatically; `pytest -m "not
 integration"` runs only the fast unit tests.
@@ -93,6 +93,17 @@ def s3(stack_settings: StackSettings) -> Iterator[dict]:
     service = services.seaweedfs(stack_settings)
     service.start(stack_settings.start_timeout)
     yield services.s3_options(stack_settings)
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(stack_settings: StackSettings) -> Iterator[StackSettings]:
+    """A running PostgreSQL with Airflow's and the Iceberg catalog's databases; yields the
+    settings that reach them (`postgres_url`, `catalog_jdbc_url`, `services.iceberg_catalog`).
+    Airflow's services use this one."""
+    service = services.postgres(stack_settings)
+    service.start(stack_settings.start_timeout)
+    yield stack_settings
     service.stop()
 
 
@@ -205,11 +216,16 @@ def free_udp_port() -> int:
 
 @pytest.fixture(scope="session")
 def airflow(
-    stack_settings: StackSettings, kafka: str, s3: dict, spark_connect: str, tmp_path_factory
+    stack_settings: StackSettings,
+    kafka: str,
+    s3: dict,
+    postgres: StackSettings,
+    spark_connect: str,
+    tmp_path_factory,
 ) -> Iterator[AirflowAPI]:
-    """Airflow 3 (PostgreSQL, api-server, scheduler, dag-processor) whose Spark connection is
-    the stack's: a `spark_connect` one to the Spark Connect server, archiving the E2E topics
-    (e2e_topics) to S3."""
+    """Airflow 3 (api-server, scheduler, dag-processor, on the session's PostgreSQL) whose Spark
+    connection is the stack's: a `spark_connect` one to the Spark Connect server, archiving the
+    E2E topics (e2e_topics) to S3."""
     topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
     topics.write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
     settings = stack_settings.model_copy(

@@ -43,6 +43,8 @@ def up(settings: StackSettings) -> None:
         f"CA {settings.kafka_ca_file})\n"
         f"S3         {settings.s3_endpoint}  bucket {settings.bucket}\n"
         f"Spark      {settings.spark_connect_url}  (Spark Connect on {settings.spark_master})\n"
+        f"Iceberg    catalog {settings.catalog_name}: {settings.catalog_jdbc_url}  login "
+        f"{settings.catalog_user} / {settings.catalog_password}\n"
         f"Airflow UI {settings.airflow_url}  login {settings.airflow_user} / "
         f"{settings.airflow_password}"
     )

@@ -2,13 +2,15 @@
 `Service` objects.
 
 Each function takes the settings and returns what `Service.start` needs; first-start chores
-(formatting Kafka's storage, writing SeaweedFS credentials, creating and migrating Airflow's
-database) live here too, so the CLI and the test fixtures start the very same things.
+(formatting Kafka's storage, writing SeaweedFS credentials, creating Airflow's and the Iceberg
+catalog's databases, migrating Airflow's) live here too, so the CLI and the test fixtures start
+the very same things.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -21,7 +23,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from cairn import s3_access
+from cairn import catalog, s3_access
 from cairn_stack import certs
 from cairn_stack.process import Service, StackError, port_open
 from cairn_stack.settings import REPO, StackSettings
@@ -362,10 +364,11 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
 
 
 def postgres(settings: StackSettings) -> Service:
-    """Airflow's metadata database: PostgreSQL 16 from the `pgserver` wheel, on loopback only.
+    """PostgreSQL 16 from the `pgserver` wheel, on loopback only: Airflow's metadata database
+    and, beside it, the Iceberg JDBC catalog's (`_catalog_database`).
 
-    Not SQLite: with LocalExecutor, concurrent task-state writes through the api-server held
-    SQLite's one write lock against each other for a minute and failed runs.
+    Not SQLite for Airflow: with LocalExecutor, concurrent task-state writes through the
+    api-server held SQLite's one write lock against each other for a minute and failed runs.
     """
     state = settings.state_dir / "postgres"
     data = state / "data"
@@ -402,7 +405,7 @@ def postgres(settings: StackSettings) -> Service:
         argv=[*_unprivileged(), *server, "-p", str(settings.postgres_port)],
         state_dir=settings.state_dir,
         ports=[settings.postgres_port],
-        healthy=lambda: _postgres_ready(settings),
+        healthy=lambda: _postgres_ready(settings) and _catalog_database(settings),
         prepare=prepare,
         stop_signal=signal.SIGINT,  # "fast" shutdown; SIGTERM waits for every client to leave
     )
@@ -434,12 +437,63 @@ def _postgres_ready(settings: StackSettings) -> bool:
         return False
 
 
+def _catalog_database(settings: StackSettings) -> bool:
+    """Create the Iceberg catalog's login and database unless they exist; True once both do.
+    Part of the health check, so a state folder made before the catalog existed gets them at
+    its next start too. The catalog's own tables are made by its first client (Spark or
+    pyiceberg, `cairn.catalog`)."""
+    import psycopg2
+    from psycopg2 import sql
+
+    user, database = sql.Identifier(settings.catalog_user), settings.catalog_database
+    try:
+        with contextlib.closing(psycopg2.connect(settings.postgres_url, connect_timeout=2)) as db:
+            db.autocommit = True  # CREATE DATABASE runs outside a transaction
+            with db.cursor() as cur:
+                cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [settings.catalog_user])
+                if cur.fetchone() is None:
+                    create = sql.SQL("CREATE ROLE {} LOGIN PASSWORD %s").format(user)
+                    cur.execute(create, [settings.catalog_password])
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database])
+                if cur.fetchone() is None:
+                    create = sql.SQL("CREATE DATABASE {} OWNER {}")
+                    cur.execute(create.format(sql.Identifier(database), user))
+        return True
+    except psycopg2.Error:
+        return False
+
+
+def iceberg_catalog(
+    settings: StackSettings, warehouse: str, name: str | None = None
+) -> catalog.Catalog:
+    """The stack's Iceberg catalog (JDBC, in its PostgreSQL) with `warehouse`: a local folder
+    (`file:///...`), or a prefix of the SeaweedFS bucket (`s3://<bucket>/...`)."""
+    s3 = None
+    if warehouse.startswith("s3://"):
+        s3 = catalog.S3Access(
+            region="us-east-1",
+            endpoint=settings.s3_endpoint,
+            access_key_id=settings.s3_access_key,
+            secret_access_key=settings.s3_secret_key,
+            path_style_access=True,
+        )
+    return catalog.Catalog(
+        name=name or settings.catalog_name,
+        type="jdbc",
+        uri=settings.catalog_jdbc_url,
+        user=settings.catalog_user,
+        password=settings.catalog_password,
+        warehouse=warehouse,
+        s3=s3,
+    )
+
+
 POOL_DOC = "Cairn's Spark jobs (archive and rebuild): one slot each"
 
 
 def airflow(settings: StackSettings) -> list[Service]:
-    """PostgreSQL, then api-server, scheduler and dag-processor; the api-server's start migrates
-    the metadata database and sets the Spark pool's slots."""
+    """Api-server, scheduler and dag-processor, once `postgres` runs; the api-server's start
+    migrates the metadata database and sets the Spark pool's slots."""
     env = airflow_env(settings)
     exe = str(Path(sys.executable).parent / "airflow")
 
@@ -481,7 +535,6 @@ def airflow(settings: StackSettings) -> list[Service]:
     # the task logs from the shared log folder anyway.
     scheduler = ["scheduler", "--skip-serve-logs"]
     return [
-        postgres(settings),
         service("airflow-api-server", api, [settings.airflow_port], "metadatabase"),
         service("airflow-scheduler", scheduler, [settings.airflow_health_port], "scheduler"),
         service("airflow-dag-processor", ["dag-processor"], [], "dag_processor"),
@@ -624,4 +677,10 @@ def _spark_workers_alive(settings: StackSettings) -> int:
 
 def all_services(settings: StackSettings) -> list[Service]:
     """In start order; `down` stops them in reverse."""
-    return [kafka(settings), seaweedfs(settings), spark_connect(settings), *airflow(settings)]
+    return [
+        kafka(settings),
+        seaweedfs(settings),
+        postgres(settings),
+        spark_connect(settings),
+        *airflow(settings),
+    ]

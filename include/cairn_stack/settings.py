@@ -51,7 +51,7 @@ class StackSettings(BaseSettings):
     """The scheduler's health check server, on `host` only. The scheduler serves no task logs
     over the network: the api-server reads them from the shared local log folder."""
     postgres_port: int = 5432
-    """Airflow's metadata database (`services.postgres`)."""
+    """PostgreSQL (`services.postgres`): Airflow's metadata database and the Iceberg catalog's."""
 
     s3_access_key: str = "cairn"
     s3_secret_key: str = "cairn-secret-key"
@@ -79,6 +79,14 @@ class StackSettings(BaseSettings):
     airflow_password: str = "admin"
     postgres_user: str = "airflow"
     postgres_password: str = "airflow"
+    catalog_name: str = "cairn"
+    """The Iceberg catalog's name: Spark SQL names a topic's table `cairn.cairn.<table>`, and
+    pyiceberg must load the catalog under the same name to see Spark's tables."""
+    catalog_database: str = "cairn_catalog"
+    """The Iceberg JDBC catalog's database, beside Airflow's in the same PostgreSQL."""
+    catalog_user: str = "cairn"
+    catalog_password: str = "cairn-catalog-secret"
+    """The login that owns the catalog's database (created with it at the first start)."""
 
     spark_connect_port: int = 15002
     """The long-lived Spark Connect server (`services.spark_connect`) that Airflow's Spark
@@ -138,6 +146,11 @@ class StackSettings(BaseSettings):
         """Airflow's metadata database, as a libpq URL."""
         user, password = self.postgres_user, self.postgres_password
         return f"postgresql://{user}:{password}@{self.host}:{self.postgres_port}/airflow"
+
+    @property
+    def catalog_jdbc_url(self) -> str:
+        """The Iceberg catalog's database, as its JDBC catalog (in Spark) reaches it."""
+        return f"jdbc:postgresql://{self.host}:{self.postgres_port}/{self.catalog_database}"
 
     @property
     def airflow_database_url(self) -> str:

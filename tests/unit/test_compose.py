@@ -349,6 +349,25 @@ def test_postgres_is_the_local_stacks_major_version_and_login(services):
     assert url == "postgresql+psycopg2://{}:{}@postgres/{}".format(*login)
 
 
+def test_postgres_makes_the_iceberg_catalogs_database_with_the_settings_login(compose, services):
+    """As the local stack does at its first start (services.postgres): the catalog's database
+    beside Airflow's, owned by its own login. tests/integration/test_iceberg_catalog.py runs
+    the same script against the stack's PostgreSQL."""
+    postgres = services["postgres"]
+    pg = env(postgres)
+    for field in ("catalog_database", "catalog_user", "catalog_password"):
+        var = f"CAIRN_{field.upper()}"
+        assert pg[var] == ref(var), var
+    (mount,) = postgres["configs"]
+    assert mount["target"].startswith("/docker-entrypoint-initdb.d/")
+    assert mount["target"].endswith(".sh")  # the entrypoint runs .sh and .sql files only
+    script = compose["configs"][mount["source"]]["content"]
+    for var in ("CAIRN_CATALOG_USER", "CAIRN_CATALOG_PASSWORD", "CAIRN_CATALOG_DATABASE"):
+        assert f"$${var}" in script, var  # read by the script, not baked in by compose
+    assert "ON_ERROR_STOP=1" in script
+    assert DEFAULTS["catalog_name"] == "cairn" and DEFAULTS["catalog_database"] == "cairn_catalog"
+
+
 def test_airflow_init_creates_the_spark_pool_the_tasks_run_in(services):
     """Airflow leaves a task in a missing pool waiting for ever: compose creates it, with the
     settings' name and slots, as the local stack does at every start."""

@@ -337,6 +337,34 @@ def test_spark_connect_server_binds_loopback_runs_cairns_python_and_has_no_secre
     assert "spark-connect" in [s.name for s in services.all_services(settings)]
 
 
+def test_postgres_starts_once_before_the_server_and_airflow_which_use_it(tmp_path):
+    """Airflow's metadata database and the Iceberg catalog's share one PostgreSQL: it is a
+    service of its own, so the catalog (Spark jobs, pyiceberg) has it without Airflow."""
+    settings = StackSettings(state_dir=tmp_path / "state", postgres_port=15432)
+    names = [s.name for s in services.all_services(settings)]
+    assert names.count("postgres") == 1
+    assert (
+        names.index("postgres") < names.index("spark-connect") < names.index("airflow-api-server")
+    )
+    assert "postgres" not in [s.name for s in services.airflow(settings)]
+    assert settings.catalog_jdbc_url == "jdbc:postgresql://127.0.0.1:15432/cairn_catalog"
+
+
+def test_the_stacks_iceberg_catalog_is_its_postgres_and_for_s3_its_seaweedfs(tmp_path):
+    settings = StackSettings(state_dir=tmp_path / "state")
+    local = services.iceberg_catalog(settings, "file:///w")
+    assert (local.name, local.type, local.uri) == ("cairn", "jdbc", settings.catalog_jdbc_url)
+    assert (local.user, local.password.get_secret_value(), local.s3) == (
+        settings.catalog_user,
+        settings.catalog_password,
+        None,
+    )
+    on_s3 = services.iceberg_catalog(settings, f"s3://{settings.bucket}/iceberg", name="other")
+    assert on_s3.name == "other" and on_s3.s3.endpoint == settings.s3_endpoint
+    assert on_s3.s3.path_style_access  # SeaweedFS serves buckets in the path
+    assert on_s3.s3.secret_access_key.get_secret_value() == settings.s3_secret_key
+
+
 def test_the_server_runs_two_task_slots_per_usable_core_unless_told_a_master(tmp_path, monkeypatch):
     # a task waits on Kafka part of its time: one slot per core would leave cores idle
     monkeypatch.delenv("CAIRN_SPARK_MASTER", raising=False)
