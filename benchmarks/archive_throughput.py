@@ -44,11 +44,13 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from cairn import kafka_meta, manifest, run
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
-from cairn.kafka_conf import KafkaConf
-from cairn.storage import Storage
-from cairn.writer import DEFAULT_MAX_OPEN_FILES
+from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
+from cairn.pipeline import archive_run
+from cairn.protocol import manifest
+from cairn.storage.objects import Storage
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
@@ -287,21 +289,21 @@ def _role(p: psutil.Process, cmdlines: dict[tuple[int, str], list[str]], job: Pa
     return "python driver" if str(job) in cmdline else "python workers"
 
 
-def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> run.Planned:
+def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> archive_run.Planned:
     """Plan (claiming the next token) and clean as the archive DAG does; the plan must read
-    everything in Kafka in one run."""
-    planned = run.plan_run(
+    everything in Kafka in one archive_run."""
+    planned = archive_run.plan_run(
         cfg, storage, KafkaConf.from_bootstrap(bootstrap), f"bench-{uuid.uuid4().hex[:6]}"
     )
     if planned is None:
         raise BenchError(f"topic {cfg.topic}: nothing to archive (plan_run returned None)")
-    run.clean_run(storage, planned)
+    archive_run.clean_run(storage, planned)
     if planned.plan.capped:
         raise BenchError(f"plan is capped, one run would not read all: {planned.plan}")
     return planned
 
 
-def spark_argv(planned: run.Planned, topics: Path, driver_memory: str) -> list[str]:
+def spark_argv(planned: archive_run.Planned, topics: Path, driver_memory: str) -> list[str]:
     """The job's command line as the Airflow operator builds it: the topic and the key of the
     claim that holds the plan (Kafka's address goes by env)."""
     stack = StackSettings()
@@ -350,7 +352,7 @@ with connect_session(sys.argv[2]) as connected:  # argv[1]: the job, for the sam
 """
 
 
-def connect_argv(url: str, planned: run.Planned, topics: Path) -> list[str]:
+def connect_argv(url: str, planned: archive_run.Planned, topics: Path) -> list[str]:
     """The job as the Airflow task runs it on a `spark_connect` connection (`archive.py` is in
     the command line so the sampler counts this process as the job's driver)."""
     code = CONNECT_CLIENT.format(repo=str(REPO), plugins=str(REPO / "plugins"))
@@ -444,13 +446,13 @@ def task_seconds(log: Path) -> list[float]:
 class Round:
     """One whole archive run of the topic into its own archive root."""
 
-    planned: run.Planned
+    planned: archive_run.Planned
     spark_seconds: float
     peaks: Peaks
     plan_clean_seconds: float
     verify_seconds: float
     commit_seconds: float
-    summary: run.Summary
+    summary: archive_run.Summary
     storage: Storage
     task_seconds: list[float]
     load: list[float]
@@ -493,11 +495,13 @@ def archive_round(
 
     with console.status("verifying"):
         t = time.perf_counter()
-        report = run.verify_run(storage, planned)
+        report = archive_run.verify_run(storage, planned)
         verify_s = time.perf_counter() - t
     with console.status("committing"):
         t = time.perf_counter()
-        summary = run.commit_run(cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap))
+        summary = archive_run.commit_run(
+            cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap)
+        )
         commit_s = time.perf_counter() - t
     c = summary.counts
     if (c.read, c.backup, c.partitioned + c.quarantined) != (args.records,) * 3:
@@ -531,7 +535,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         payloads.write_bytes(b"\n".join(event_lines(args.payloads, args.spread_hours, args.seed)))
         produce_s = produce(bootstrap, topic, args.records, payloads, work / "producer.log")
         console.print(f"produced {args.records:,} records to {topic} in {produce_s:.1f}s")
-        in_kafka = kafka_meta.fetch_watermarks(KafkaConf.from_bootstrap(bootstrap), topic)
+        in_kafka = cluster.fetch_watermarks(KafkaConf.from_bootstrap(bootstrap), topic)
         total = sum(w.high - w.low for w in in_kafka.values())
         if total != args.records:
             raise BenchError(f"{topic} holds {total} records, not {args.records}")

@@ -61,10 +61,10 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from croniter import croniter
 
-from cairn import commit
 from cairn.config import INCLUDE_DIR, TopicConfig, dag_safe, load_topics
-from cairn.layout import head_key
-from cairn.storage import Storage
+from cairn.protocol import commit
+from cairn.storage.layout import head_key
+from cairn.storage.objects import Storage
 from cairn_stack import services
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.demo import create_topic, produce, sample_events

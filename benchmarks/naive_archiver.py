@@ -20,8 +20,8 @@ from pathlib import Path
 import fastavro
 from confluent_kafka import Consumer, TopicPartition
 
-from cairn.avro import BACKUP_SCHEMA, load_schema
 from cairn.config import INCLUDE_DIR
+from cairn.datafiles.avro_file import BACKUP_SCHEMA, load_schema
 
 
 def main(bootstrap: str, topic: str, out: Path) -> int:

@@ -5,10 +5,10 @@ archive runs (plan, clean, the real Spark archive job through spark-submit, veri
 functions of `archive_throughput.py`): `--records` records for the day that is rebuilt (the
 middle one) and `--other-records` for every other day. A day's records have event times on that
 day, except `--late-fraction` (1%) that are late: event times on the day before. Then rebuilds
-the middle day as the rebuild DAG does: `cairn.rebuild.select` (timed; it finds the backup files
-holding the day's records from the day's files' Avro headers and claims a rebuild attempt), the real
-`spark_jobs/rebuild.py --claim <key>` through spark-submit (timed, peak RSS sampled), commits as
-the DAG's commit task does (`cairn.rebuild.commit_rebuild`), and checks
+the middle day as the rebuild DAG does: `cairn.pipeline.rebuild.select` (timed; it finds the backup
+files holding the day's records from the day's files' Avro headers and claims a rebuild attempt),
+the real `spark_jobs/rebuild.py --claim <key>` through spark-submit (timed, peak RSS sampled),
+commits as the DAG's commit task does (`cairn.pipeline.rebuild.commit_rebuild`), and checks
 that the day's folders hold exactly the records with that event date, once each.
 
     .venv/bin/python benchmarks/rebuild_day.py                        # 10 days, 1M rebuilt
@@ -51,11 +51,13 @@ from archive_throughput import (
     topics_file,
 )
 
-from cairn import kafka_meta, manifest, rebuild, run, tokens
 from cairn.config import TopicConfig
-from cairn.kafka_conf import KafkaConf
-from cairn.manifest import FileEntry
-from cairn.storage import Storage
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
+from cairn.pipeline import archive_run, rebuild
+from cairn.protocol import manifest, tokens
+from cairn.protocol.manifest import FileEntry
+from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic
 from cairn_stack.settings import REPO, StackSettings
 
@@ -117,8 +119,8 @@ def archive_once(
     planned = plan_and_clean(cfg, storage, bootstrap)
     argv = spark_argv(planned, topics, args.driver_memory)
     seconds, _ = spark_submit(argv, bootstrap, len(planned.plan.to_read), log, args.timeout)
-    report = run.verify_run(storage, planned)
-    counts = run.commit_run(
+    report = archive_run.verify_run(storage, planned)
+    counts = archive_run.commit_run(
         cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap)
     ).counts
     if (counts.read, counts.backup, counts.partitioned) != (expected,) * 3:
@@ -157,7 +159,7 @@ def archive_history(
                 if count:
                     produce(bootstrap, topic, count, payload, work / "producer.log")
             total += a + b
-            in_kafka = kafka_meta.fetch_watermarks(KafkaConf.from_bootstrap(bootstrap), topic)
+            in_kafka = cluster.fetch_watermarks(KafkaConf.from_bootstrap(bootstrap), topic)
             if (held := sum(w.high - w.low for w in in_kafka.values())) != total:
                 raise BenchError(f"{topic} holds {held} records, not {total}")
             log = work / f"archive-{day}-{r}.log"
@@ -328,7 +330,7 @@ def print_result(r: Result) -> None:
             f"{r.backup_files_read:,} / {r.backup_files_total:,} "
             f"({r.backup_records_read:,} / {r.backup_records_total:,} records)",
         ),
-        ("select time", f"{r.select_seconds * 1000:,.0f} ms (cairn.rebuild.select)"),
+        ("select time", f"{r.select_seconds * 1000:,.0f} ms (cairn.pipeline.rebuild.select)"),
         (
             "Spark rebuild wall",
             f"{r.spark_seconds:.1f} s (spark-submit to exit, {StackSettings().spark_master})",

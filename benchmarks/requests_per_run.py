@@ -9,8 +9,8 @@ claims), clean, the real Spark archive job (a local SparkSession in this process
 workers write the staged files), verify, commit (it publishes), complete — and reads from
 SeaweedFS's own counters how many S3 requests the server answered during each, by type. The
 history between the marks is made by the same protocol steps with the in-process writer
-(`cairn.writer.write_partition`, what each Spark task runs) instead of Spark, so 1,000 runs take
-minutes, not hours; only the measured runs start Spark work.
+(`cairn.datafiles.writer.write_partition`, what each Spark task runs) instead of Spark, so 1,000
+runs take minutes, not hours; only the measured runs start Spark work.
 
     .venv/bin/python benchmarks/requests_per_run.py                     # 10 and 1,000 runs
     .venv/bin/python benchmarks/requests_per_run.py --history 10,100 --measured 2
@@ -43,11 +43,11 @@ from archive_throughput import (
 )
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from cairn import completeness, run
 from cairn.config import TopicConfig, find_topic
-from cairn.kafka_conf import KafkaConf
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord, write_partition
+from cairn.datafiles.writer import KafkaRecord, write_partition
+from cairn.kafka.connection import KafkaConf
+from cairn.pipeline import archive_run, completeness
+from cairn.storage.objects import Storage
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
@@ -109,7 +109,7 @@ def produce_batch(producer: Producer, topic: str, n: int) -> None:
     producer.flush(30)
 
 
-def read_planned(kafka: KafkaConf, planned: run.Planned) -> dict[int, list[KafkaRecord]]:
+def read_planned(kafka: KafkaConf, planned: archive_run.Planned) -> dict[int, list[KafkaRecord]]:
     """The planned ranges, read as the Spark job's Kafka source reads them (read_committed)."""
     consumer = Consumer(
         kafka.client_config({"group.id": "bench", "isolation.level": "read_committed"})
@@ -136,18 +136,18 @@ def read_planned(kafka: KafkaConf, planned: run.Planned) -> dict[int, list[Kafka
 
 def history_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf) -> None:
     """One run through the protocol's steps, its records staged by the in-process writer."""
-    planned = run.plan_run(cfg, storage, kafka, f"history-{uuid.uuid4().hex[:6]}")
+    planned = archive_run.plan_run(cfg, storage, kafka, f"history-{uuid.uuid4().hex[:6]}")
     if planned is None:
         raise BenchError("a history run found nothing to archive")
-    run.clean_run(storage, planned)
+    archive_run.clean_run(storage, planned)
     staged = planned.staged(storage)
     results = [
         write_partition(records, cfg, staged, planned.planned_at, planned.attempt_id)
         for _, records in sorted(read_planned(kafka, planned).items())
     ]
-    run.save_attempt(cfg, storage, planned, results)
-    report = run.verify_run(storage, planned)
-    run.commit_run(cfg, storage, planned, report, kafka)
+    archive_run.save_attempt(cfg, storage, planned, results)
+    report = archive_run.verify_run(storage, planned)
+    archive_run.commit_run(cfg, storage, planned, report, kafka)
     completeness.complete_run(cfg, storage, kafka, planned.run_id)
 
 
@@ -166,14 +166,14 @@ def measured_run(cfg, storage, kafka, spark, options, metrics_url) -> dict[str, 
 
     def plan() -> None:
         nonlocal planned
-        planned = run.plan_run(cfg, storage, kafka, f"measured-{uuid.uuid4().hex[:6]}")
+        planned = archive_run.plan_run(cfg, storage, kafka, f"measured-{uuid.uuid4().hex[:6]}")
 
     report = []
     step("plan", plan)
-    step("clean", lambda: run.clean_run(storage, planned))
+    step("clean", lambda: archive_run.clean_run(storage, planned))
     step("spark job", lambda: archive(spark, planned, cfg, kafka, options))
-    step("verify", lambda: report.append(run.verify_run(storage, planned)))
-    step("commit", lambda: run.commit_run(cfg, storage, planned, report[0], kafka))
+    step("verify", lambda: report.append(archive_run.verify_run(storage, planned)))
+    step("commit", lambda: archive_run.commit_run(cfg, storage, planned, report[0], kafka))
     step("complete", lambda: completeness.complete_run(cfg, storage, kafka, planned.run_id))
     return counts
 

@@ -1,15 +1,15 @@
 """Where a Spark task's time goes: the Python side of one partition, in-process, no Kafka or Spark.
 
 Builds N records as the Arrow batches the archive job's JVM side hands to `mapInArrow`
-(`cairn.fastpath.OUTPUT_COLUMNS`: coordinates, the backup datum, the partitioned datum and event
-time; same events as archive_throughput.py, picked at random like ProducerPerformance does; the
-datums are encoded here by fastavro, byte-identical to Spark's `to_avro`), then times, one after
+(`cairn.formats.fastpath.OUTPUT_COLUMNS`: coordinates, the backup datum, the partitioned datum and
+event time; same events as archive_throughput.py, picked at random like ProducerPerformance does;
+the datums are encoded here by fastavro, byte-identical to Spark's `to_avro`), then times, one after
 the other on the same data, the whole `write_partition` into an attempt's staging area
-(`cairn.commit.staged`) in a temp folder, as the Spark job calls it: when the JVM parsed every
-value and the batches go in whole (as the job hands them: Python assembles blocks per folder),
+(`cairn.protocol.commit.staged`) in a temp folder, as the Spark job calls it: when the JVM parsed
+every value and the batches go in whole (as the job hands them: Python assembles blocks per folder),
 the same record by record (`EncodedRecord`, the path a batch takes when it would evict files),
 and when the JVM parsed none (every value through the Python reference parser, as for a topic
-`cairn.fastpath.gap` names or the records the fast path refuses).
+`cairn.formats.fastpath.gap` names or the records the fast path refuses).
 
     .venv/bin/python benchmarks/writer_throughput.py --records 100000 [--profile]
 """
@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for spark_jobs
 
 from archive_throughput import event_lines, topics_file
 
-from cairn.avro import BACKUP_SCHEMA
+from cairn.datafiles.avro_file import BACKUP_SCHEMA
+from cairn.datafiles.writer import EncodedRecord, encoded_records, write_partition
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed
-from cairn.layout import attempt_prefix
-from cairn.storage import Storage
-from cairn.writer import EncodedRecord, encoded_records, write_partition
+from cairn.storage.layout import attempt_prefix
+from cairn.storage.objects import Storage
 
 ATTEMPT = "bench-writer"  # the attempt id the files' headers name and the staging folder
 BATCH = 5000  # spark.sql.execution.arrow.maxRecordsPerBatch in spark_jobs/archive.py

@@ -1,8 +1,8 @@
 """One `archive__<topic>` DAG per configured topic: plan → clean → archive → verify → commit →
 check_health, and complete → announce (the dates that became complete, as asset events).
 
-Only wiring: each task is one call into `cairn.run` (or the Spark job). Topics come from
-include/topics.yaml; pattern entries are matched against the topic list that the
+Only wiring: each task is one call into `cairn.pipeline.archive_run` (or the Spark job). Topics come
+from include/topics.yaml; pattern entries are matched against the topic list that the
 `cairn_discover_topics` DAG caches in the `cairn_kafka_topics` Variable, so parsing this file
 never queries Kafka.
 """
@@ -15,9 +15,9 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
-from cairn import completeness, run
 from cairn.config import TopicConfig, dag_safe
-from cairn.manifest import VerifyReport
+from cairn.pipeline import archive_run, completeness
+from cairn.protocol.manifest import VerifyReport
 from cairn_airflow import (
     CairnSparkOperator,
     announce_dates,
@@ -70,7 +70,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             runs, so idle partitions do not hold dates back."""
             run_id = get_current_context()["run_id"]
             with fail_fast():
-                planned = run.plan_run(cfg, storage(cfg), kafka_conf(), run_id)
+                planned = archive_run.plan_run(cfg, storage(cfg), kafka_conf(), run_id)
             if planned is None:
                 log.info("topic %s: nothing new in Kafka; no Spark job, no token", topic)
                 remember_lag(topic, 0.0)
@@ -82,21 +82,25 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         def clean(planned: dict) -> list[str]:
             """Discard what fenced-out attempts staged; rewound files stay until the commit."""
             with fail_fast():
-                return run.clean_run(storage(cfg), run.Planned.model_validate(planned))
+                return archive_run.clean_run(
+                    storage(cfg), archive_run.Planned.model_validate(planned)
+                )
 
         @task
         def verify(planned: dict) -> dict:
             with fail_fast():
-                report = run.verify_run(storage(cfg), run.Planned.model_validate(planned))
+                report = archive_run.verify_run(
+                    storage(cfg), archive_run.Planned.model_validate(planned)
+                )
             return report.model_dump(mode="json")
 
         @task
         def commit(planned: dict, report: dict) -> dict:
             with fail_fast():
-                summary = run.commit_run(
+                summary = archive_run.commit_run(
                     cfg,
                     storage(cfg),
-                    run.Planned.model_validate(planned),
+                    archive_run.Planned.model_validate(planned),
                     VerifyReport.model_validate(report),
                     kafka_conf(),
                 )

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Variable, task
 
-from cairn import kafka_meta
+from cairn.kafka import cluster
 from cairn_airflow import TOPICS_VARIABLE, fail_fast, kafka_conf
 
 with DAG(
@@ -28,7 +28,7 @@ with DAG(
     @task
     def discover() -> list[str]:
         with fail_fast():
-            names = kafka_meta.list_topic_names(kafka_conf())
+            names = cluster.list_topic_names(kafka_conf())
         Variable.set(TOPICS_VARIABLE, json.dumps(names))
         return names
 

@@ -2,8 +2,8 @@
 
 A run (select → rebuild → commit → complete → announce) re-derives the records filed under its
 dates (`partitioned/<topic>/dt=<date>/` and that date's quarantine) from the verbatim backup with
-today's parser, schema and generation, and commits like an archive run (`cairn.commit`). It runs
-only when a person asks: by a backfill (`airflow backfill create --dag-id rebuild__<topic>
+today's parser, schema and generation, and commits like an archive run (`cairn.protocol.commit`). It
+runs only when a person asks: by a backfill (`airflow backfill create --dag-id rebuild__<topic>
 --from-date … --to-date …`, or the UI), by clearing earlier runs, or by a trigger whose
 `from_date`/`to_date` params name a range to rebuild as one operation. The daily timetable exists
 so that backfills have dates; the runs it would schedule by itself do nothing.
@@ -16,9 +16,10 @@ from datetime import date, datetime, timedelta
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
 
-from cairn import completeness, rebuild, tokens
 from cairn.config import TopicConfig, dag_safe
 from cairn.errors import PermanentError
+from cairn.pipeline import completeness, rebuild
+from cairn.protocol import tokens
 from cairn_airflow import (
     CairnSparkOperator,
     announce_dates,

@@ -38,7 +38,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.sdk.module_loading import import_string
 from airflow.sdk.observability.stats import Stats
 
-from cairn import alerts, commit, completeness, metrics, status
 from cairn.config import (
     REPO,
     TOPICS_FILE,
@@ -51,10 +50,13 @@ from cairn.config import (
 from cairn.errors import PERMANENT_EXIT, PermanentError
 from cairn.formats import REGISTRIES_VARIABLE, registry_ids
 from cairn.formats.avro import registry_config
-from cairn.kafka_conf import KafkaConf, KafkaConfigError
-from cairn.plan import Plan
-from cairn.s3_access import connection_options
-from cairn.storage import OPTIONS_VARIABLE, Storage
+from cairn.kafka.connection import KafkaConf, KafkaConfigError
+from cairn.pipeline import completeness
+from cairn.pipeline.plan import Plan
+from cairn.protocol import commit
+from cairn.storage.objects import OPTIONS_VARIABLE, Storage
+from cairn.storage.s3_access import connection_options
+from cairn.views import alerts, metrics, status
 from cairn_connect import Connected, connect_session
 
 log = logging.getLogger(__name__)
@@ -120,7 +122,7 @@ def topic_doc(cfg: TopicConfig, role: str, about: str) -> str:
 
 def kafka_conf() -> KafkaConf:
     """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
-    configuration, checked to be usable by every client Cairn runs (`cairn.kafka_conf`)."""
+    configuration, checked to be usable by every client Cairn runs (`cairn.kafka.connection`)."""
     conn = BaseHook.get_connection(KAFKA_CONN_ID)
     label = f"Airflow connection {KAFKA_CONN_ID!r}"
     if conn.conn_type != "kafka":

@@ -2,9 +2,9 @@
 mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
 
 - `/cairn/` lists every configured topic; `/cairn/topics/<topic>` shows one. Both render
-  server-side HTML from `cairn.overview` (the archive's own records) plus the Airflow runs'
+  server-side HTML from `cairn.views.overview` (the archive's own records) plus the Airflow runs'
   states; nothing runs in the browser.
-- `/cairn/metrics` serves `cairn.metrics.samples` of every topic in Prometheus' text format.
+- `/cairn/metrics` serves `cairn.views.metrics.samples` of every topic in Prometheus' text format.
 
 Access (nothing is served without it):
 - pages: the UI's login, as Airflow's own API checks it (`get_user`: the `_token` cookie the UI
@@ -40,8 +40,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from sqlalchemy import select
 
-from cairn import metrics, overview, prometheus, status
 from cairn.config import TopicConfig
+from cairn.views import metrics, overview, prometheus, status
 from cairn_airflow import archive_dag_id, configured_topics, rebuild_dag_id, storage, topic_yaml
 
 log = logging.getLogger(__name__)

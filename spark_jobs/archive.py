@@ -2,9 +2,9 @@
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
 in offset order (committed records only); the JVM encodes each record's backup datum and, where
-`cairn.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those hand them
-to `cairn.writer.write_partition`, which assembles backup, partitioned and quarantine files in
-the attempt's staging area (the Python parser takes the values the JVM did not); the driver
+`cairn.formats.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those hand
+them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and quarantine
+files in the attempt's staging area (the Python parser takes the values the JVM did not); the driver
 gathers what was written into the attempt manifest.
 
     CAIRN_KAFKA_CONFIG='{"config": {"bootstrap.servers": "host:9092"}}' \\
@@ -13,7 +13,7 @@ gathers what was written into the attempt manifest.
 
 The plan arrives by reference (the claim object holds it), so its size is not limited by the
 command line. Secrets arrive as environment, never as arguments: the Kafka configuration
-(librdkafka settings, mapped to the Java client's by `cairn.kafka_conf`) in CAIRN_KAFKA_CONFIG
+(librdkafka settings, mapped to the Java client's by `cairn.kafka.connection`) in CAIRN_KAFKA_CONFIG
 (or only bootstrap servers in CAIRN_BOOTSTRAP_SERVERS), storage credentials (fsspec options,
 JSON) in CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro topics) in
 CAIRN_SCHEMA_REGISTRIES. The Airflow task runs the same `run` on a Spark Connect session
@@ -34,15 +34,15 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
-from cairn import commit, fastpath, manifest
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.datafiles.writer import PartitionResult, write_partition
 from cairn.errors import permanent_exit
-from cairn.formats import registries_from_env
-from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
-from cairn.plan import kafka_assign_json, kafka_json_offsets
-from cairn.run import Planned, load_planned, save_attempt
-from cairn.storage import Storage, options_from_env
-from cairn.writer import PartitionResult, write_partition
+from cairn.formats import fastpath, registries_from_env
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
+from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
+from cairn.pipeline.plan import kafka_assign_json, kafka_json_offsets
+from cairn.protocol import commit, manifest
+from cairn.storage.objects import Storage, options_from_env
 
 # This file's functions travel to the Python workers by value, so a Spark Connect server needs
 # only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,
@@ -71,7 +71,8 @@ FETCH_OPTIONS = {
 
 
 def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
-    """The Kafka source's records with their datums encoded in the JVM (`cairn.fastpath`)."""
+    """The Kafka source's records with their datums encoded in the JVM
+    (`cairn.formats.fastpath`)."""
     nonce = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
     for projection in fastpath.select(cfg, nonce):
         source = source.selectExpr(*projection)

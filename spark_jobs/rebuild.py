@@ -1,9 +1,10 @@
 """Spark job: re-derive the records filed under some dates from the verbatim backup.
 
 Only adapts Spark to the core: each backup file the selection names becomes one Spark task that
-re-parses the records it must (`cairn.rebuild.rebuild_source`) into the rebuild's staging area;
-the driver saves what each task staged in the attempt's manifest. It commits nothing: the
-rebuild DAG's `commit` task does (`cairn.rebuild.commit_rebuild`), as an archive run's does.
+re-parses the records it must (`cairn.pipeline.rebuild.rebuild_source`) into the rebuild's staging
+area; the driver saves what each task staged in the attempt's manifest. It commits nothing: the
+rebuild DAG's `commit` task does (`cairn.pipeline.rebuild.commit_rebuild`), as an archive run's
+does.
 
     spark-submit spark_jobs/rebuild.py --topic T --claim _claims/<topic>/rebuild/<seq>-<k>.json
 
@@ -24,11 +25,10 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from cairn import commit
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
 from cairn.errors import permanent_exit
 from cairn.formats import registries_from_env
-from cairn.rebuild import (
+from cairn.pipeline.rebuild import (
     RebuildResult,
     Selection,
     Source,
@@ -36,7 +36,8 @@ from cairn.rebuild import (
     rebuild_source,
     save_attempt,
 )
-from cairn.storage import Storage, options_from_env
+from cairn.protocol import commit
+from cairn.storage.objects import Storage, options_from_env
 
 # This file's functions travel to the Python workers by value, so a Spark Connect server needs
 # only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,

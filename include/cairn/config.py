@@ -32,11 +32,11 @@ from pydantic import (
     model_validator,
 )
 
-from cairn.avro import load_schema
+from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
 from cairn.formats.base import EventTime, FieldError
-from cairn.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic, date_folder
 from cairn.schedule import spread
+from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic, date_folder
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
@@ -68,7 +68,7 @@ class ArchiveRoot(NamedTuple):
 
     @property
     def storage_url(self) -> str:
-        """The URL `cairn.storage.Storage` takes (credentials come from the connection)."""
+        """The URL `cairn.storage.objects.Storage` takes (credentials come from the connection)."""
         if self.scheme == "file":
             return f"file://{self.prefix}"
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
@@ -172,7 +172,7 @@ class TopicConfig(BaseModel):
     count. Safe at any moment: an attempt writes only its own staging until its token commits."""
     lateness: timedelta | None = timedelta(hours=1)
     """How long after a date ends (in Kafka time) its records may still arrive before the date
-    is complete (`cairn.completeness`); later records amend it. None: no completeness."""
+    is complete (`cairn.pipeline.completeness`); later records amend it. None: no completeness."""
     format_settings: Any = Field(default=None, validate_default=True)
     """The format's own section (`avro: {...}` for format avro), as its `Settings` model."""
 

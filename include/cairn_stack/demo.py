@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.table import Table
 
-from cairn import commit
 from cairn.config import TopicConfig, dag_safe, find_topic
-from cairn.storage import Storage
+from cairn.protocol import commit
+from cairn.storage.objects import Storage
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.process import StackError
 from cairn_stack.settings import StackSettings

@@ -23,7 +23,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from cairn import catalog, s3_access
+from cairn.storage import s3_access
+from cairn.table import catalog
 from cairn_stack import certs
 from cairn_stack.process import Service, StackError, port_open
 from cairn_stack.settings import REPO, StackSettings
@@ -441,7 +442,7 @@ def _catalog_database(settings: StackSettings) -> bool:
     """Create the Iceberg catalog's login and database unless they exist; True once both do.
     Part of the health check, so a state folder made before the catalog existed gets them at
     its next start too. The catalog's own tables are made by its first client (Spark or
-    pyiceberg, `cairn.catalog`)."""
+    pyiceberg, `cairn.table.catalog`)."""
     import psycopg2
     from psycopg2 import sql
 

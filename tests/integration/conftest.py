@@ -14,11 +14,13 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn import kafka_meta, rebuild, rewind, run, tokens
 from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
-from cairn.kafka_conf import KafkaConf
-from cairn.layout import parse_data_key
-from cairn.storage import Storage
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
+from cairn.pipeline import archive_run, rebuild
+from cairn.protocol import rewind, tokens
+from cairn.storage.layout import parse_data_key
+from cairn.storage.objects import Storage
 from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
 
@@ -65,18 +67,20 @@ class Archiver:
     def storage(self, cfg: TopicConfig) -> Storage:
         return Storage(cfg.root.storage_url, **self.options)
 
-    def plan(self, cfg: TopicConfig) -> run.Planned | None:
-        return run.plan_run(cfg, self.storage(cfg), self.kafka, f"test-{uuid.uuid4().hex[:6]}")
+    def plan(self, cfg: TopicConfig) -> archive_run.Planned | None:
+        return archive_run.plan_run(
+            cfg, self.storage(cfg), self.kafka, f"test-{uuid.uuid4().hex[:6]}"
+        )
 
-    def write(self, cfg: TopicConfig, planned: run.Planned) -> None:
+    def write(self, cfg: TopicConfig, planned: archive_run.Planned) -> None:
         """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
-        run.clean_run(self.storage(cfg), planned)
+        archive_run.clean_run(self.storage(cfg), planned)
         if not planned.plan.empty:
             archive(self.spark, planned, cfg, self.kafka, self.options)
 
-    def finish(self, cfg: TopicConfig, planned: run.Planned) -> run.Summary:
-        report = run.verify_run(self.storage(cfg), planned)
-        return run.commit_run(cfg, self.storage(cfg), planned, report, self.kafka)
+    def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> archive_run.Summary:
+        report = archive_run.verify_run(self.storage(cfg), planned)
+        return archive_run.commit_run(cfg, self.storage(cfg), planned, report, self.kafka)
 
     def rebuild(self, cfg: TopicConfig, *days: date) -> rebuild.Selection | None:
         """One rebuild operation as the rebuild DAG drives it: select, the Spark job, commit."""
@@ -97,10 +101,10 @@ class Archiver:
 
     def rewind(self, cfg: TopicConfig, **how) -> list[str]:
         """`python -m cairn tokens rewind` (its rule sees Kafka as it is now)."""
-        state = kafka_meta.fetch_topic(self.kafka, cfg.topic)
+        state = cluster.fetch_topic(self.kafka, cfg.topic)
         return rewind.rewind(self.storage(cfg), cfg, state, **how)
 
-    def run(self, cfg: TopicConfig) -> run.Summary | None:
+    def run(self, cfg: TopicConfig) -> archive_run.Summary | None:
         """One whole run; None when planning found nothing to do (no Spark, no token)."""
         planned = self.plan(cfg)
         if planned is None:

@@ -9,8 +9,8 @@ import time
 from datetime import timedelta
 from urllib.parse import quote
 
-from cairn import tokens
-from cairn.storage import Storage
+from cairn.protocol import tokens
+from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic, produce, sample_events
 from tests.conftest import E2E_FIXED, E2E_PREFIX, E2E_TOPIC, e2e_topics
 from tests.integration.conftest import coords, read_archive

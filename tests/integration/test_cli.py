@@ -17,10 +17,10 @@ import fastavro
 import pytest
 from confluent_kafka import Producer
 
-from cairn import commit
 from cairn.cli import main
 from cairn.config import TopicConfig, find_topic
-from cairn.storage import Storage
+from cairn.protocol import commit
+from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic
 from tests.integration.conftest import DEMO_SCHEMA, Archiver, read_archive
 

@@ -10,8 +10,9 @@ from urllib.parse import quote
 
 from confluent_kafka import Producer
 
-from cairn import completeness, tokens
-from cairn.storage import Storage
+from cairn.pipeline import completeness
+from cairn.protocol import tokens
+from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic
 from tests.conftest import E2E_COMPLETE, E2E_PREFIX
 from tests.integration.conftest import coords, read_archive

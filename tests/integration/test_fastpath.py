@@ -15,11 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cairn import fastpath
 from cairn.config import TopicConfig, load_topics
+from cairn.datafiles.writer import KafkaRecord, PartitionResult, write_partition
+from cairn.formats import fastpath
 from cairn.formats.json import MAX_DEPTH
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord, PartitionResult, write_partition
+from cairn.storage.objects import Storage
 from spark_jobs.archive import encoded
 
 TOPIC, PARTITION = "diff.events", 2

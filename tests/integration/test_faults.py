@@ -6,8 +6,8 @@ inside the commit too, before and after the token's create — by a hand rewind,
 Kafka's retention, another run, another plan, an added partition or a rebuild; and config changes
 that move records across midnight and raise or lower the generation.
 
-After every step the archive, as the next step sees it (`cairn.commit.settle`), holds each Kafka
-record below the newest token exactly once in backup and once in partitioned-or-quarantine,
+After every step the archive, as the next step sees it (`cairn.protocol.commit.settle`), holds each
+Kafka record below the newest token exactly once in backup and once in partitioned-or-quarantine,
 verbatim, except records Kafka's retention deleted while the archive did not hold them; no
 record is ever in the data folders twice, and no gap is recorded for a record the archive holds.
 After catching up, the data folders match Kafka. Runs for topics starting at `earliest` and at
@@ -34,12 +34,14 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 
-from cairn import commit, kafka_meta, rebuild, rewind, run, tokens
 from cairn.config import TopicConfig
+from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.errors import PermanentError
-from cairn.layout import parse_data_key, token_key
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord, write_partition
+from cairn.kafka import cluster
+from cairn.pipeline import archive_run, rebuild
+from cairn.protocol import commit, rewind, tokens
+from cairn.storage.layout import parse_data_key, token_key
+from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic
 from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
@@ -299,7 +301,7 @@ class Scenario:
         planned = self.archiver.plan(self.cfg)
         if planned is not None:
             self.archiver.write(self.cfg, planned)
-            run.verify_run(self.storage, planned)
+            archive_run.verify_run(self.storage, planned)
         return "crash after verify"
 
     def crash_mid_publish(self) -> str:
@@ -308,11 +310,11 @@ class Scenario:
         if planned is None:
             return "crash mid publish: nothing"
         self.archiver.write(self.cfg, planned)
-        report = run.verify_run(self.storage, planned)
+        report = archive_run.verify_run(self.storage, planned)
         hooked = self.hooked()
         hooked.hooks["after create"] = lambda: setattr(hooked, "moves", self.rng.randint(0, 3))
         try:
-            run.commit_token(self.cfg, hooked, planned, report, self.archiver.kafka)
+            archive_run.commit_token(self.cfg, hooked, planned, report, self.archiver.kafka)
         except ConnectionError:
             return f"crash mid publish of {planned.attempt_id}"
         return f"crash mid publish: {planned.attempt_id} published before the crash"
@@ -339,22 +341,22 @@ class Scenario:
         if planned is None:
             return
         try:
-            run.clean_run(self.storage, planned)
+            archive_run.clean_run(self.storage, planned)
             yield "clean"
             if not planned.plan.empty:
                 archiver = self.archiver
                 archive(archiver.spark, planned, self.cfg, archiver.kafka, archiver.options)
             yield "spark"
-            report = run.verify_run(self.storage, planned)
+            report = archive_run.verify_run(self.storage, planned)
             yield "verify"
-            run.commit_run(self.cfg, self.storage, planned, report, self.archiver.kafka)
+            archive_run.commit_run(self.cfg, self.storage, planned, report, self.archiver.kafka)
             yield "commit"
         except commit.Fenced:
             if self.rng.random() < 0.5:  # its Spark job had passed its check: it keeps writing
                 self._zombie(planned)
             raise
 
-    def _zombie(self, planned: run.Planned) -> None:
+    def _zombie(self, planned: archive_run.Planned) -> None:
         p, (start, end) = next(iter(planned.plan.to_read.items()), (0, (0, 0)))
         records = [
             KafkaRecord(planned.topic, p, o, 0, 0, b"k", self.kafka.records.get((p, o)))
@@ -375,9 +377,9 @@ class Scenario:
                 return f"interrupted run: nothing ({what} unused)"
             for step, do in (
                 ("plan", lambda: None),
-                ("clean", lambda: run.clean_run(self.storage, planned)),
+                ("clean", lambda: archive_run.clean_run(self.storage, planned)),
                 ("spark", lambda: self._spark(planned)),
-                ("verify", lambda: steps.append(run.verify_run(self.storage, planned))),
+                ("verify", lambda: steps.append(archive_run.verify_run(self.storage, planned))),
                 ("done", lambda: self._commit(hooked, planned, steps[-1], at, what)),
             ):
                 do()
@@ -387,15 +389,17 @@ class Scenario:
             return f"interrupted run: {what} at {at}: {type(err).__name__}"
         return f"interrupted run: {what} at {at}: committed"
 
-    def _spark(self, planned: run.Planned) -> None:
+    def _spark(self, planned: archive_run.Planned) -> None:
         if not planned.plan.empty:
             archiver = self.archiver
             archive(archiver.spark, planned, self.cfg, archiver.kafka, archiver.options)
 
-    def _commit(self, hooked: Hooked, planned: run.Planned, report, at: str, what: str) -> None:
+    def _commit(
+        self, hooked: Hooked, planned: archive_run.Planned, report, at: str, what: str
+    ) -> None:
         if at in ("before create", "after create"):
             hooked.hooks[at] = lambda: self.interfere(what)
-        run.commit_run(self.cfg, hooked, planned, report, self.archiver.kafka)
+        archive_run.commit_run(self.cfg, hooked, planned, report, self.archiver.kafka)
 
     def interfere(self, what: str) -> None:
         self.history.append(f"   ... {what}")
@@ -404,7 +408,7 @@ class Scenario:
     def plan(self) -> str:
         planned = self.archiver.plan(self.cfg)
         if planned is not None:
-            run.clean_run(self.storage, planned)
+            archive_run.clean_run(self.storage, planned)
         return "plan and clean"
 
     def rewind(self) -> str:
@@ -423,7 +427,7 @@ class Scenario:
 
     def retention(self) -> str:
         partition = self.rng.randrange(self.kafka.partitions)
-        marks = kafka_meta.fetch_watermarks(self.archiver.kafka, self.topic)
+        marks = cluster.fetch_watermarks(self.archiver.kafka, self.topic)
         low, high = marks[partition]
         if high <= low:
             return "retention: nothing to delete"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.storage import ObjectExists, Storage
+from cairn.storage.objects import ObjectExists, Storage
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from cairn_stack.process import free_port_block

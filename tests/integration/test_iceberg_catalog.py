@@ -28,7 +28,7 @@ from pyiceberg.types import IntegerType, LongType, NestedField, StringType, Time
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from cairn import catalog
+from cairn.table import catalog
 from cairn_connect import connect_mark_kept, with_session_id
 from cairn_stack import services
 from cairn_stack.settings import REPO

@@ -9,7 +9,9 @@ import time
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cairn import commit, metrics, run, status
+from cairn.pipeline import archive_run
+from cairn.protocol import commit
+from cairn.views import metrics, status
 from cairn_stack.demo import create_topic, produce
 from tests.integration.test_archive import fill
 
@@ -105,11 +107,11 @@ def test_a_late_retry_of_an_older_commit_does_not_move_the_group_back(
     storage = archiver.storage(cfg)
     first = archiver.plan(cfg)
     archiver.write(cfg, first)
-    report = run.verify_run(storage, first)
-    run.commit_run(cfg, storage, first, report, archiver.kafka)
+    report = archive_run.verify_run(storage, first)
+    archive_run.commit_run(cfg, storage, first, report, archiver.kafka)
     archiver.run(cfg)
 
-    again = run.commit_run(cfg, storage, first, report, archiver.kafka)  # retried late
+    again = archive_run.commit_run(cfg, storage, first, report, archiver.kafka)  # retried late
 
     assert again.seq == 1 and again.consumer_group is None
     assert group_offsets(kafka, cfg.group_id, topic_name, 1) == {0: 6}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, date, datetime, timedelta
 
-from cairn import layout, rebuild
+from cairn.pipeline import rebuild
+from cairn.storage import layout
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.rebuild import rebuild as rebuild_job
 from tests.integration.conftest import read_archive

@@ -8,9 +8,9 @@ import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cairn import commit, manifest, tokens
 from cairn.cli import main as cli
-from cairn.plan import RetentionGap, TopicRecreated
+from cairn.pipeline.plan import RetentionGap, TopicRecreated
+from cairn.protocol import commit, manifest, tokens
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, event

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from cairn import commit, run, tokens
 from cairn.cli import main as cli
-from cairn.layout import parse_data_key, token_key
+from cairn.pipeline import archive_run
+from cairn.protocol import commit, tokens
+from cairn.storage.layout import parse_data_key, token_key
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once, event
@@ -37,7 +38,7 @@ def test_rewound_files_stay_readable_until_the_commit_and_survive_retention_mean
     storage.delete(token_key(topic_name, 2))  # a rewind by hand, as the README allows
 
     waiting = archiver.plan(cfg)
-    run.clean_run(storage, waiting)  # the clean task; the Spark task now waits for a slot
+    archive_run.clean_run(storage, waiting)  # the clean task; the Spark task now waits for a slot
     assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(20)]
     delete_records(kafka, topic_name, before=12)  # retention, while the run waits
     with pytest.raises(Exception):  # noqa: B017 - Spark's read of deleted offsets fails
@@ -67,12 +68,12 @@ def test_a_rewind_inside_a_commit_never_leaves_a_token_whose_records_are_missing
     storage = archiver.storage(cfg)
     a = archiver.plan(cfg)
     archiver.write(cfg, a)
-    report = run.verify_run(storage, a)
+    report = archive_run.verify_run(storage, a)
 
     def rewind_and_replan() -> None:
         storage.delete(token_key(topic_name, 1))
         b = archiver.plan(cfg)
-        run.clean_run(storage, b)  # may not discard A's staged files
+        archive_run.clean_run(storage, b)  # may not discard A's staged files
 
     if where == "before the create":
         real = commit.SamePosition.check
@@ -84,10 +85,10 @@ def test_a_rewind_inside_a_commit_never_leaves_a_token_whose_records_are_missing
 
         monkeypatch.setattr(commit.SamePosition, "check", check_then_rewind)
         with pytest.raises(commit.Fenced, match="token 1 was deleted while this attempt"):
-            run.commit_run(cfg, storage, a, report, archiver.kafka)
+            archive_run.commit_run(cfg, storage, a, report, archiver.kafka)
         monkeypatch.undo()
     else:
-        run.commit_run(cfg, storage, a, report, archiver.kafka)
+        archive_run.commit_run(cfg, storage, a, report, archiver.kafka)
         rewind_and_replan()
 
     for seq in tokens.seqs(storage, topic_name):

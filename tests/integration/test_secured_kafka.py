@@ -20,8 +20,10 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from cairn import cli, commit, kafka_meta, tokens
-from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
+from cairn import cli
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
+from cairn.protocol import commit, tokens
 from cairn_stack import certs
 from tests.integration.conftest import Archiver, coords, read_archive
 
@@ -104,7 +106,7 @@ def test_a_topic_on_the_secured_listener_is_archived_through_it(
     assert [t.seq for t in tokens.list_tokens(archiver.storage(cfg), topic_name)] == [1]
 
     # Discovery and the CLI reach the secured listener from the same settings.
-    assert topic_name in kafka_meta.list_topic_names(KafkaConf(awkward_login, LABEL))
+    assert topic_name in cluster.list_topic_names(KafkaConf(awkward_login, LABEL))
     settings = tmp_path / "kafka.json"
     settings.write_text(json.dumps(awkward_login))
     argv = ["--topics-file", str(tmp_path / f"{topic_name}.yaml"), "tokens", "rewind", topic_name]

@@ -18,8 +18,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 import cairn_connect
-from cairn import commit
-from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
+from cairn.protocol import commit
 from cairn_connect import (
     CONNECT_MODE,
     Connected,

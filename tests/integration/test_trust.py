@@ -16,14 +16,15 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cairn import commit, rebuild, run, tokens
 from cairn.cli import main as cli
 from cairn.config import REPO
+from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.errors import PERMANENT_EXIT
-from cairn.layout import token_key
-from cairn.plan import TopicRecreated
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord, write_partition
+from cairn.pipeline import archive_run, rebuild
+from cairn.pipeline.plan import TopicRecreated
+from cairn.protocol import commit, tokens
+from cairn.storage.layout import token_key
+from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once, event, fill
@@ -109,12 +110,12 @@ def test_a_newer_claim_fences_a_run_that_verified_and_no_record_is_lost(
     storage = archiver.storage(cfg)
     a = archiver.plan(cfg)
     archiver.write(cfg, a)
-    report = run.verify_run(storage, a)
+    report = archive_run.verify_run(storage, a)
     b = archiver.plan(cfg)
-    assert run.clean_run(storage, b) == [a.attempt_id]
+    assert archive_run.clean_run(storage, b) == [a.attempt_id]
 
     with pytest.raises(commit.Fenced, match="fenced out"):
-        run.commit_run(cfg, storage, a, report, archiver.kafka)
+        archive_run.commit_run(cfg, storage, a, report, archiver.kafka)
     assert commit.newest(storage, topic_name) is None
 
     archiver.run(cfg)
@@ -132,13 +133,13 @@ def test_a_fenced_attempt_that_wins_the_commit_race_is_published_and_the_newer_o
     storage = archiver.storage(cfg)
     a = archiver.plan(cfg)
     archiver.write(cfg, a)
-    report = run.verify_run(storage, a)
+    report = archive_run.verify_run(storage, a)
     fill(kafka, topic_name, partitions=1, per_partition=5, start=10)
     b = archiver.plan(cfg)  # reads [0, 15) from the same (absent) token
 
     with monkeypatch.context() as patched:  # A's last check passed just before B's claim
         patched.setattr(commit.NewestClaim, "check", lambda *_: None)
-        run.commit_run(cfg, storage, a, report, archiver.kafka)
+        archive_run.commit_run(cfg, storage, a, report, archiver.kafka)
     with pytest.raises(commit.Fenced):
         archiver.write(cfg, b)
     with pytest.raises(commit.Fenced):
@@ -318,7 +319,7 @@ def test_a_retried_commit_after_the_token_was_created_succeeds(
     storage = archiver.storage(cfg)
     planned = archiver.plan(cfg)
     archiver.write(cfg, planned)
-    report = run.verify_run(storage, planned)
+    report = archive_run.verify_run(storage, planned)
     real_create = storage.create
 
     def created_but_lost(key: str, data: bytes) -> None:
@@ -328,11 +329,13 @@ def test_a_retried_commit_after_the_token_was_created_succeeds(
 
     monkeypatch.setattr(storage, "create", created_but_lost)
     with pytest.raises(ConnectionError):
-        run.commit_run(cfg, storage, planned, report, archiver.kafka)
+        archive_run.commit_run(cfg, storage, planned, report, archiver.kafka)
     monkeypatch.undo()
 
-    summary = run.commit_run(cfg, storage, planned, report, archiver.kafka)
-    again = run.commit_run(cfg, storage, planned, report, "127.0.0.1:1")  # Kafka unreachable
+    summary = archive_run.commit_run(cfg, storage, planned, report, archiver.kafka)
+    again = archive_run.commit_run(
+        cfg, storage, planned, report, "127.0.0.1:1"
+    )  # Kafka unreachable
 
     assert summary.seq == again.seq == 1 and again.lag_error is not None
     assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1]
@@ -348,7 +351,7 @@ def test_readers_see_nothing_of_an_attempt_until_its_token_commits(
     storage = archiver.storage(cfg)
     planned = archiver.plan(cfg)
     archiver.write(cfg, planned)
-    run.verify_run(storage, planned)
+    archive_run.verify_run(storage, planned)
 
     staged = read_archive(storage, topic_name)
     assert staged.backup == [] and staged.partitioned == [] and staged.quarantine == []

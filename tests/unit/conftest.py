@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from cairn import commit, run
 from cairn.config import TopicConfig
-from cairn.plan import Plan
-from cairn.storage import Storage
-from cairn.tokens import Kind, Token
-from cairn.writer import KafkaRecord, write_partition
+from cairn.datafiles.writer import KafkaRecord, write_partition
+from cairn.pipeline import archive_run
+from cairn.pipeline.plan import Plan
+from cairn.protocol import commit
+from cairn.protocol.tokens import Kind, Token
+from cairn.storage.objects import Storage
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 TIMESTAMP_FIELDS = ("timestamp", "processing_time", "_kafka_timestamp", "_event_time")
@@ -82,18 +83,19 @@ def commit_next(storage: Storage, next_offsets: dict[int, int], **fields: Any) -
     return commit.commit(storage, claim, lambda: change)
 
 
-def archive_run(
+def archive_records(
     storage: Storage,
     cfg: TopicConfig,
     processing_time: datetime,
     records: Iterable[KafkaRecord],
     run_id: str = "run",
 ) -> Token:
-    """One committed archive run of `records`, as `cairn.run` drives it but without Kafka.
+    """One committed archive run of `records`, as `cairn.pipeline.archive_run` drives it but without
+    Kafka.
 
     Settle and claim the next token with a `Planned` body, stage every partition's files with
     `write_partition`, save and verify the manifest against the staging area, then commit through
-    `cairn.run.commit_token` (the one commit site). Returns the token.
+    `cairn.pipeline.archive_run.commit_token` (the one commit site). Returns the token.
     """
     topic = cfg.topic
     previous = commit.settle(storage, topic)
@@ -106,8 +108,8 @@ def archive_run(
     }
     planned_plan = Plan(topic=topic, ranges=ranges, capped=False)
 
-    def made(claim: commit.Claim) -> run.Planned:
-        return run.Planned(
+    def made(claim: commit.Claim) -> archive_run.Planned:
+        return archive_run.Planned(
             claim=claim,
             topic=topic,
             run_id=run_id,
@@ -119,12 +121,12 @@ def archive_run(
     claim = commit.claim(
         storage, topic, "archive", previous, run_id, lambda c: made(c).model_dump_json().encode()
     )
-    planned = run.load_planned(storage, claim.key)
+    planned = archive_run.load_planned(storage, claim.key)
     staged = planned.staged(storage)
     results = [
         write_partition(rs, cfg, staged, processing_time, planned.attempt_id)
         for _, rs in sorted(by_partition.items())
     ]
-    run.save_attempt(cfg, storage, planned, results)
-    report = run.verify_run(storage, planned)  # checks the claim, verifies the staged files
-    return run.commit_token(cfg, storage, planned, report, None)
+    archive_run.save_attempt(cfg, storage, planned, results)
+    report = archive_run.verify_run(storage, planned)  # checks the claim, verifies the staged files
+    return archive_run.commit_token(cfg, storage, planned, report, None)

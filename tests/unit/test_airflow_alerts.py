@@ -11,8 +11,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 import cairn_airflow
-from cairn import metrics, status
 from cairn.config import TopicConfig
+from cairn.views import metrics, status
 from tests.unit.test_status import record
 
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from cairn.commit import Conflict, Fenced
 from cairn.config import TopicConfig
-from cairn.manifest import VerificationFailed
-from cairn.plan import Plan, RetentionGap, TopicRecreated
-from cairn.rewind import RewindRefused
+from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
+from cairn.protocol.commit import Conflict, Fenced
+from cairn.protocol.manifest import VerificationFailed
+from cairn.protocol.rewind import RewindRefused
 from cairn_airflow import fail_fast, schema_registries
 from cairn_connect import Connected, shared_session_id
 from tests.unit.conftest import claim_next

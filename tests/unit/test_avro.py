@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from fastavro.write import Writer
 
-from cairn.avro import (
+from cairn.datafiles.avro_file import (
     BACKUP_SCHEMA,
     CODECS,
     QUARANTINE_SCHEMA,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cairn.catalog import (
+from cairn.table.catalog import (
     NAMESPACE,
     Catalog,
     S3Access,

@@ -9,12 +9,12 @@ import pytest
 
 from cairn.cli import main
 from cairn.cli.common import show_bytes
-from cairn.finder import ArchiveIndex, NotArchived
-from cairn.layout import backup_key, manifest_key, token_key
-from cairn.manifest import FileEntry, Manifest
-from cairn.replay import Range, parse_bound, plan_ranges
-from cairn.storage import Storage
-from cairn.tokens import Token
+from cairn.protocol.manifest import FileEntry, Manifest
+from cairn.protocol.tokens import Token
+from cairn.storage.layout import backup_key, manifest_key, token_key
+from cairn.storage.objects import Storage
+from cairn.views.finder import ArchiveIndex, NotArchived
+from cairn.views.replay import Range, parse_bound, plan_ranges
 
 NOW = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
 

@@ -10,9 +10,10 @@ from datetime import date
 
 import pytest
 
-from cairn import commit, tokens
-from cairn.commit import BrokenPublication, Change, Conflict, Fenced
-from cairn.layout import (
+from cairn.protocol import commit, tokens
+from cairn.protocol.commit import BrokenPublication, Change, Conflict, Fenced
+from cairn.protocol.tokens import CorruptToken
+from cairn.storage.layout import (
     attempt_prefix,
     backup_key,
     head_key,
@@ -22,8 +23,7 @@ from cairn.layout import (
     quarantine_key,
     token_key,
 )
-from cairn.storage import Storage
-from cairn.tokens import CorruptToken
+from cairn.storage.objects import Storage
 from tests.unit.conftest import T0, claim_next, commit_next
 
 TOPIC = "orders"

@@ -8,12 +8,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cairn import commit, completeness, rewind
-from cairn.completeness import LogView, complete_through, cutoff, passed
-from cairn.layout import parse_data_key, success_key
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord
-from tests.unit.conftest import archive_run
+from cairn.datafiles.writer import KafkaRecord
+from cairn.pipeline import completeness
+from cairn.pipeline.completeness import LogView, complete_through, cutoff, passed
+from cairn.protocol import commit, rewind
+from cairn.storage.layout import parse_data_key, success_key
+from cairn.storage.objects import Storage
+from tests.unit.conftest import archive_records
 from tests.unit.test_rebuild import TOPIC, config, rebuild
 
 UTC_ = ZoneInfo("UTC")
@@ -156,7 +157,7 @@ class Topic:
         newest = commit.newest(self.storage, TOPIC)
         position = newest.next_offsets if newest else {}
         todo = [r for p, rs in self.log.items() for r in rs[position.get(p, 0) :]]
-        archive_run(self.storage, self.cfg, at(processing_time), todo)
+        archive_records(self.storage, self.cfg, at(processing_time), todo)
 
     def check(self, monkeypatch, now: str, run_id: str = "run") -> completeness.Completion:
         fake = FakeLog()

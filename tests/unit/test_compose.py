@@ -15,7 +15,7 @@ import pytest
 import yaml
 from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
-from cairn.s3_access import S3Settings
+from cairn.storage.s3_access import S3Settings
 from cairn_stack.services import PYTHON_DAEMON, SERVER_JVM, SESSION_TIMEOUT, postgres_bin
 from cairn_stack.settings import StackSettings
 

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from cairn import fastpath
 from cairn.config import TopicConfig, load_topics
+from cairn.formats import fastpath
 
 FLAT = [
     {"name": "s", "type": "string", "doc": "it's"},

@@ -13,8 +13,8 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.avro import AvroFileWriter
 from cairn.config import TopicConfig, load_topics
+from cairn.datafiles.avro_file import AvroFileWriter
 from cairn.formats import REGISTRIES_VARIABLE, open_format, registries_from_env, registry_ids
 from cairn.formats.avro import AvroFormat, RegistryUnavailable, SchemaFolder, registry_config
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined, output_schema

@@ -11,8 +11,8 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.avro import AvroFileWriter
 from cairn.config import TopicConfig
+from cairn.datafiles.avro_file import AvroFileWriter
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined, output_schema
 from cairn.formats.json import MAX_DEPTH

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cairn.kafka_conf import (
+from cairn.kafka.connection import (
     ENV_VARIABLE,
     KafkaConf,
     KafkaConfigError,

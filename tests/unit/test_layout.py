@@ -3,7 +3,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cairn.layout import (
+from cairn.storage.layout import (
     DataFile,
     attempt_prefix,
     backup_key,

@@ -6,8 +6,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from cairn.layout import backup_key, partitioned_key, quarantine_key
-from cairn.manifest import (
+from cairn.protocol.manifest import (
     CorruptManifest,
     FileEntry,
     Manifest,
@@ -16,7 +15,8 @@ from cairn.manifest import (
     save,
     verify,
 )
-from cairn.storage import Storage
+from cairn.storage.layout import backup_key, partitioned_key, quarantine_key
+from cairn.storage.objects import Storage
 
 # Partition 0 read 5 records from [100, 200) (offsets have holes); partition 1's range held only
 # transaction markers (0 records); partition 2 had nothing new.

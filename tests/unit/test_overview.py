@@ -1,16 +1,17 @@
-"""The overview page's data (cairn.overview) from a local archive committed the way the pipeline
-commits it, and the Prometheus text format (cairn.prometheus)."""
+"""The overview page's data (cairn.views.overview) from a local archive committed the way the
+pipeline commits it, and the Prometheus text format (cairn.views.prometheus)."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, date, datetime
 
-from cairn import completeness, overview, prometheus, status
 from cairn.config import TopicConfig, load_topics
-from cairn.metrics import Sample
-from cairn.writer import KafkaRecord
-from tests.unit.conftest import archive_run
+from cairn.datafiles.writer import KafkaRecord
+from cairn.pipeline import completeness
+from cairn.views import overview, prometheus, status
+from cairn.views.metrics import Sample
+from tests.unit.conftest import archive_records
 from tests.unit.test_status import record
 
 SCHEMA = {
@@ -51,7 +52,7 @@ def test_files_per_date_and_quarantine_reasons(storage, tmp_path) -> None:
         rec(1, 1, b"{not json"),
         rec(1, 2, json.dumps({"id": "o3"}).encode()),
     ]
-    archive_run(storage, cfg, datetime(2024, 6, 3, 9, tzinfo=UTC), records)
+    archive_records(storage, cfg, datetime(2024, 6, 3, 9, tzinfo=UTC), records)
 
     dates = overview.files_per_date(storage, cfg)
     assert [(d.day, d.partitioned, d.quarantine) for d in dates] == [
@@ -68,7 +69,7 @@ def test_files_per_date_and_quarantine_reasons(storage, tmp_path) -> None:
 
 def test_overview_reads_position_lag_trend_and_quarantine(storage, tmp_path) -> None:
     cfg = config(tmp_path)
-    archive_run(storage, cfg, datetime(2024, 6, 3, 9, tzinfo=UTC), [rec(0, 0, b"x")])
+    archive_records(storage, cfg, datetime(2024, 6, 3, 9, tzinfo=UTC), [rec(0, 0, b"x")])
     for seq, lag in ((1, 50), (2, 20), (3, 0)):
         run = record(seq, read=10, quarantined=1, time_lag=float(lag), offset_lag={0: lag, 1: 0})
         status.save(storage, run)

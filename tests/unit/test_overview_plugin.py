@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 import cairn_overview
-from cairn import status
 from cairn.config import load_topics
-from cairn.storage import Storage
-from tests.unit.conftest import archive_run
+from cairn.storage.objects import Storage
+from cairn.views import status
+from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec
 from tests.unit.test_status import record
 
@@ -35,7 +35,7 @@ def client(tmp_path, monkeypatch) -> TestClient:
         r._replace(topic="orders.eu")
         for r in (rec(0, 0, order(0, "2024-06-01T10:00:00Z")), rec(0, 1, b"{not json"))
     ]
-    archive_run(archive, good, datetime.now(UTC), records)
+    archive_records(archive, good, datetime.now(UTC), records)
     for seq, lag in ((1, 40), (2, 0)):
         status.save(archive, record(seq, topic="orders.eu", quarantined=1, offset_lag={0: lag}))
 

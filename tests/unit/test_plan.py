@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cairn.errors import PermanentError
-from cairn.plan import (
+from cairn.pipeline.plan import (
     OffsetAheadOfKafka,
     PartitionVanished,
     Plan,
@@ -21,7 +21,7 @@ from cairn.plan import (
     lag,
     plan,
 )
-from cairn.tokens import Gap
+from cairn.protocol.tokens import Gap
 from tests.unit.conftest import make_token
 
 NOW = datetime(2024, 5, 1, tzinfo=UTC)

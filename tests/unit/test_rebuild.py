@@ -11,13 +11,10 @@ from datetime import UTC, date, datetime, timedelta
 import fastavro
 import pytest
 
-from cairn import commit, rewind, tokens
-from cairn.avro import BACKUP_SCHEMA, millis
-from cairn.commit import Conflict
 from cairn.config import TopicConfig, load_topics
-from cairn.layout import attempt_prefix, event_folder, folder_date, parse_data_key, partitioned_key
-from cairn.manifest import FileEntry, VerificationFailed
-from cairn.rebuild import (
+from cairn.datafiles.avro_file import BACKUP_SCHEMA, millis
+from cairn.datafiles.writer import KafkaRecord
+from cairn.pipeline.rebuild import (
     RebuildRefused,
     RebuildResult,
     Selection,
@@ -29,9 +26,18 @@ from cairn.rebuild import (
     select,
     verify_rebuild,
 )
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord
-from tests.unit.conftest import archive_run
+from cairn.protocol import commit, rewind, tokens
+from cairn.protocol.commit import Conflict
+from cairn.protocol.manifest import FileEntry, VerificationFailed
+from cairn.storage.layout import (
+    attempt_prefix,
+    event_folder,
+    folder_date,
+    parse_data_key,
+    partitioned_key,
+)
+from cairn.storage.objects import Storage
+from tests.unit.conftest import archive_records
 
 TOPIC = "orders"
 SCHEMA = {
@@ -112,7 +118,7 @@ RUNS = [
 
 def build_archive(storage: Storage, cfg: TopicConfig) -> None:
     for when, records in RUNS:
-        archive_run(storage, cfg, when, records)
+        archive_records(storage, cfg, when, records)
 
 
 def rebuild_all(storage: Storage, cfg: TopicConfig, chosen: Selection) -> list[RebuildResult]:
@@ -350,7 +356,7 @@ def test_a_record_moved_outside_the_rebuilt_dates_is_written_there_once(tmp_path
 def test_a_quarantined_record_that_gains_an_event_time_leaves_quarantine(tmp_path, storage):
     strict = config(tmp_path)  # "id" must be a string
     records = [rec(0, 0, "2024-06-02T04:00:00Z"), rec(0, 1, "2024-06-03T05:00:00Z", id=7)]
-    archive_run(storage, strict, at("2024-06-02T06:00"), records)
+    archive_records(storage, strict, at("2024-06-02T06:00"), records)
     [quarantined] = storage.list("quarantine/")
     loose = {**SCHEMA, "fields": [{"name": "id", "type": ["string", "long"]}, SCHEMA["fields"][1]]}
     (tmp_path / "loose.avsc").write_text(json.dumps(loose))
@@ -403,7 +409,7 @@ def test_records_moved_far_away_are_followed_by_later_rebuilds(tmp_path, storage
     """Epoch seconds read as millis file June events in January 1970."""
     wrong = config(tmp_path, event_time={"field": "ts", "encoding": "epoch_millis"})
     june1, june2 = 1_717_272_000, 1_717_308_000  # 2024-06-01T20:00Z, 2024-06-02T06:00Z
-    archive_run(storage, wrong, at("2024-07-15T12:00"), [rec(0, 0, june1), rec(0, 1, june2)])
+    archive_records(storage, wrong, at("2024-07-15T12:00"), [rec(0, 0, june1), rec(0, 1, june2)])
     jan = date(1970, 1, 20)
     assert len(day_keys(storage, jan)) == 1
 
@@ -537,7 +543,7 @@ def test_files_committed_after_the_snapshot_are_untouched(tmp_path, storage):
     old = day_keys(storage, D2)
     # Meanwhile an archive run (which settles, and must leave the rebuild's staging alone)
     # commits late data into the same date.
-    archive_run(storage, cfg, at("2024-06-04T10:00"), [rec(1, 7, "2024-06-02T06:00:00Z")])
+    archive_records(storage, cfg, at("2024-06-04T10:00"), [rec(1, 7, "2024-06-02T06:00:00Z")])
     late = {k: storage.read(k) for k in day_keys(storage, D2) if k not in old}
     assert late
 
@@ -602,7 +608,7 @@ def test_processing_time_topic_keeps_its_folders(tmp_path, storage):
 
 def test_raw_topics_have_nothing_to_rebuild(tmp_path, storage):
     raw = config(tmp_path, format="raw", schema=None, event_time=None)
-    archive_run(storage, raw, *RUNS[0])  # a raw topic's archive: backup files only
+    archive_records(storage, raw, *RUNS[0])  # a raw topic's archive: backup files only
     assert {parse_data_key(k).kind for k in storage.list() if parse_data_key(k)} == {"backup"}
 
     assert select(storage, raw, [D1, D2], "rebuild-run") is None

@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cairn import commit, rewind, tokens
 from cairn.config import TopicConfig
-from cairn.kafka_meta import TopicState
-from cairn.layout import backup_key, parse_data_key, token_key
-from cairn.plan import Span, Watermarks
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord
-from tests.unit.conftest import archive_run, commit_next
+from cairn.datafiles.writer import KafkaRecord
+from cairn.kafka.cluster import TopicState
+from cairn.pipeline.plan import Span, Watermarks
+from cairn.protocol import commit, rewind, tokens
+from cairn.storage.layout import backup_key, parse_data_key, token_key
+from cairn.storage.objects import Storage
+from tests.unit.conftest import archive_records, commit_next
 from tests.unit.test_rebuild import config as rebuild_config
 
 TOPIC = "orders"
@@ -46,7 +46,7 @@ def archived(tmp_path, storage) -> TopicConfig:
     cfg = config(tmp_path)
     for i in range(4):
         part = records(0, range(10 * i, 10 * i + 10)) + (records(1, range(5)) if i == 1 else [])
-        archive_run(storage, cfg, NOON + timedelta(hours=i), part)
+        archive_records(storage, cfg, NOON + timedelta(hours=i), part)
     return cfg
 
 

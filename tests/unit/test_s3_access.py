@@ -10,7 +10,7 @@ import os
 import pytest
 
 from cairn.config import TopicConfig
-from cairn.s3_access import (
+from cairn.storage.s3_access import (
     Credentials,
     S3Settings,
     S3SettingsInvalid,

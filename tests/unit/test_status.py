@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from cairn import alerts, metrics, status
 from cairn.config import TopicConfig
-from cairn.tokens import Counts
+from cairn.protocol.tokens import Counts
+from cairn.views import alerts, metrics, status
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 

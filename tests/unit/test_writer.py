@@ -14,18 +14,24 @@ from zoneinfo import ZoneInfo
 import fastavro
 import pytest
 
-from cairn.avro import read_metadata
 from cairn.config import TopicConfig, load_topics
-from cairn.layout import (
+from cairn.datafiles.avro_file import read_metadata
+from cairn.datafiles.writer import (
+    KafkaRecord,
+    OutputFiles,
+    ParsedWriter,
+    PartitionResult,
+    write_partition,
+)
+from cairn.protocol.manifest import Manifest, verify
+from cairn.storage.layout import (
     backup_key,
     event_folder,
     parse_data_key,
     partitioned_key,
     quarantine_key,
 )
-from cairn.manifest import Manifest, verify
-from cairn.storage import Storage
-from cairn.writer import KafkaRecord, OutputFiles, ParsedWriter, PartitionResult, write_partition
+from cairn.storage.objects import Storage
 from tests.unit.conftest import as_read
 
 TOPIC, P, GEN = "orders", 3, 2

@@ -15,7 +15,7 @@ Topics come from the topics file (`--topics-file`, else `CAIRN_TOPICS_FILE`, els
 include/topics.yaml). Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the
 AWS connection `<conn_id>` given as the variable `AIRFLOW_CONN_<CONN_ID>` (JSON: keys, session
 token, profile, endpoint, region, Cairn's encryption settings; a `role_arn` is refused, see
-`cairn.s3_access.env_connection_options`); without it, the usual AWS variables, profile or
+`cairn.storage.s3_access.env_connection_options`); without it, the usual AWS variables, profile or
 instance role apply.
 Kafka's configuration (librdkafka settings, as a `kafka` Airflow connection's extra holds them,
 e.g. for SASL_SSL), for `replay` and `tokens rewind`, comes from `--kafka-config FILE` (JSON, or
@@ -29,19 +29,19 @@ import argparse
 
 from rich.markup import escape
 
-from cairn.cli import archive, replay, tokens
+from cairn.cli import inspect, replay, tokens
 from cairn.cli.common import FOUND_PROBLEM, USAGE, UsageError, err
 from cairn.config import TOPICS_FILE, find_topic
 from cairn.errors import PermanentError
-from cairn.finder import NotArchived
-from cairn.kafka_conf import KafkaAccessDenied, KafkaConfigError
-from cairn.replay import ReplayRefused
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConfigError
+from cairn.views.finder import NotArchived
+from cairn.views.replay import ReplayRefused
 
 _PER_TOPIC = {
-    "files": archive.files,
-    "find": archive.find,
-    "cat": archive.cat,
-    "verify": archive.verify,
+    "files": inspect.files,
+    "find": inspect.find,
+    "cat": inspect.cat,
+    "verify": inspect.verify,
     "replay": replay.run,
     "tokens": tokens.run,
 }
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     )
     made.add_argument("--topics-file", default=str(TOPICS_FILE))
     groups = made.add_subparsers(dest="group", required=True)
-    archive.add_parsers(groups)
+    inspect.add_parsers(groups)
     replay.add_parser(groups)
     tokens.add_parsers(groups)
     return made
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.group == "status":
-            return archive.status(args.topics_file)
+            return inspect.status(args.topics_file)
         cfg = find_topic(args.topic, args.topics_file)
         return _PER_TOPIC[args.group](cfg, args)
     except NotArchived as why:

@@ -10,11 +10,11 @@ from datetime import UTC, date, datetime
 
 from rich.console import Console
 
-from cairn.avro import millis
 from cairn.config import TopicConfig
-from cairn.kafka_conf import KafkaConf
-from cairn.s3_access import env_connection_options
-from cairn.storage import Storage
+from cairn.datafiles.avro_file import millis
+from cairn.kafka.connection import KafkaConf
+from cairn.storage.objects import Storage
+from cairn.storage.s3_access import env_connection_options
 
 OK, FOUND_PROBLEM, USAGE = 0, 1, 2
 """Exit codes: done; a mismatch, a record or file not found, a failed delivery; a usage or

@@ -1,5 +1,6 @@
 """`tokens list|rewind`: inspect a topic's token chain, and rewind it (refused when the next run
-could not read again what it takes back: `cairn.rewind.refusal`, the rule the run applies)."""
+could not read again what it takes back: `cairn.protocol.rewind.refusal`, the rule the run
+applies)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 import sys
 from datetime import datetime
 
-from cairn import kafka_meta, rewind, tokens
 from cairn.cli.common import FOUND_PROBLEM, OK, USAGE, add_kafka_args, kafka_for, storage_for
 from cairn.config import TopicConfig
-from cairn.kafka_conf import KafkaAccessDenied, KafkaConfigError
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConfigError
+from cairn.protocol import rewind, tokens
 
 
 def add_parsers(groups: argparse._SubParsersAction) -> None:
@@ -54,7 +56,7 @@ def list_tokens(cfg: TopicConfig) -> int:
 
 def rewind_tokens(cfg: TopicConfig, args: argparse.Namespace) -> int:
     try:
-        state = kafka_meta.fetch_topic(kafka_for(args, "rewind"), cfg.topic)
+        state = cluster.fetch_topic(kafka_for(args, "rewind"), cfg.topic)
     except (KafkaConfigError, KafkaAccessDenied) as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE

@@ -30,7 +30,7 @@ import fastavro
 from fastavro.read import SchemaResolutionError
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from cairn.avro import load_schema
+from cairn.datafiles.avro_file import load_schema
 from cairn.formats.base import (
     FieldError,
     KafkaCoords,

@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Literal, Protocol
 import fastavro
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from cairn.avro import TIMESTAMP_MILLIS
-from cairn.layout import event_folder, is_safe_folder
+from cairn.datafiles.avro_file import TIMESTAMP_MILLIS
+from cairn.storage.layout import event_folder, is_safe_folder
 
 COORDINATE_FIELDS: list[dict[str, Any]] = [
     {"name": "_kafka_partition", "type": "int"},

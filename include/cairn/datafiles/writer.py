@@ -2,19 +2,19 @@
 
 The Spark job calls `write_partition` once per task; Spark hands each task the records of one
 Kafka partition in offset order. Every file streams through `Storage.open_write` into the attempt's
-staging area (`cairn.commit`), whole or not at all, and is named by the offset of its first
+staging area (`cairn.protocol.commit`), whole or not at all, and is named by the offset of its first
 record, so the same input always yields the same names (a retry overwrites, never duplicates).
 
 Memory is bounded by open writers, not by records: each Avro writer buffers one block
-(`cairn.avro.SYNC_INTERVAL`), and at most `max_open_files` partitioned writers plus the backup and
-quarantine writers are open. Without the cap, late data spread over many hours (or a replay of a
-year) would open one writer per folder at once and memory would grow with the spread, the
-out-of-memory that Kafka Connect's S3 sink users hit. With it, the least recently used folder is
+(`cairn.datafiles.avro_file.SYNC_INTERVAL`), and at most `max_open_files` partitioned writers plus
+the backup and quarantine writers are open. Without the cap, late data spread over many hours (or a
+replay of a year) would open one writer per folder at once and memory would grow with the spread,
+the out-of-memory that Kafka Connect's S3 sink users hit. With it, the least recently used folder is
 finished early and a later record for that folder starts a new file named by its own offset:
 a few more files, the same bounded memory, and still deterministic names.
 
-`ParsedWriter` (partitioned and quarantine files) is shared with `cairn.rebuild`, which re-derives
-a date from the backup: both write the same names, file entries and memory bound.
+`ParsedWriter` (partitioned and quarantine files) is shared with `cairn.pipeline.rebuild`, which
+re-derives a date from the backup: both write the same names, file entries and memory bound.
 """
 
 from __future__ import annotations
@@ -30,17 +30,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, NonNegativeInt
 
-from cairn.avro import (
+from cairn.datafiles.avro_file import (
     BACKUP_SCHEMA,
     QUARANTINE_SCHEMA,
     AvroFileWriter,
     decode_backup,
     encode_quarantine,
 )
-from cairn.fastpath import OUTPUT_COLUMNS
 from cairn.formats import Registries, open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined
-from cairn.layout import (
+from cairn.formats.fastpath import OUTPUT_COLUMNS
+from cairn.protocol.manifest import FileEntry
+from cairn.storage.layout import (
     DataKind,
     backup_key,
     event_folder,
@@ -48,8 +49,7 @@ from cairn.layout import (
     partitioned_key,
     quarantine_key,
 )
-from cairn.manifest import FileEntry
-from cairn.storage import Storage
+from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
@@ -76,8 +76,8 @@ class KafkaRecord(NamedTuple):
 
 
 class EncodedRecord(NamedTuple):
-    """One Kafka record as the Spark job hands it over (`cairn.fastpath`): its coordinates, its
-    backup datum, and, when the JVM parsed the value, the partitioned datum and its event time
+    """One Kafka record as the Spark job hands it over (`cairn.formats.fastpath`): its coordinates,
+    its backup datum, and, when the JVM parsed the value, the partitioned datum and its event time
     (epoch millis). `datum` None: the Python parser decides, from the value in the backup."""
 
     topic: str
@@ -125,7 +125,7 @@ def write_partition(
 
     Records come decoded (`KafkaRecord`: everything is encoded and parsed here) or as the
     Spark job's JVM encoded them (`EncodedRecord`, or Arrow batches of its columns,
-    `cairn.fastpath.OUTPUT_COLUMNS`); all give the same bytes.
+    `cairn.formats.fastpath.OUTPUT_COLUMNS`); all give the same bytes.
     `storage` is the attempt's staging area; `registries` holds the Schema Registry client
     configurations the topic's format needs (`cairn.formats.open_format`). On any exception
     the files still open are discarded and the exception propagates; files already written stay
@@ -147,7 +147,7 @@ def write_partition(
 
 
 def encoded_records(batch: pa.RecordBatch) -> Iterator[EncodedRecord]:
-    """The records of an Arrow batch of `cairn.fastpath.OUTPUT_COLUMNS`, one by one."""
+    """The records of an Arrow batch of `cairn.formats.fastpath.OUTPUT_COLUMNS`, one by one."""
     columns = [batch.column(name).to_pylist() for name in OUTPUT_COLUMNS]
     for row in zip(*columns, strict=True):
         yield EncodedRecord(*row)
@@ -200,7 +200,7 @@ class OutputFiles:
 
     Every upload is registered with `uploads`, so an error that unwinds the caller's ExitStack
     discards all files not yet finished. `storage` is the attempt's staging area
-    (`cairn.commit.staged`): keys are final keys, published only when the attempt commits.
+    (`cairn.protocol.commit.staged`): keys are final keys, published only when the attempt commits.
     """
 
     def __init__(self, storage: Storage, codec: str, uploads: contextlib.ExitStack) -> None:
@@ -281,10 +281,10 @@ class ParsedWriter:
         return verbatim | {"reason": result.reason, "processing_time": self.processing_ms}
 
     def write_encoded(self, batch: pa.RecordBatch, offsets: np.ndarray) -> bool:
-        """File a batch the JVM encoded (`cairn.fastpath.OUTPUT_COLUMNS`; one partition, offset
-        order) as `write_datum` would each record, and `parse` and `write` each record the JVM did
-        not take: the same files, blocks and recency order, at a cost per folder rather than per
-        record. False, with nothing written, when the batch would open more files than
+        """File a batch the JVM encoded (`cairn.formats.fastpath.OUTPUT_COLUMNS`; one partition,
+        offset order) as `write_datum` would each record, and `parse` and `write` each record the
+        JVM did not take: the same files, blocks and recency order, at a cost per folder rather than
+        per record. False, with nothing written, when the batch would open more files than
         `max_open_files`: the caller then writes it record by record, evicting as ever."""
         partition = batch.column("partition")[0].as_py()
         datums, times = batch.column("datum"), batch.column("event_time")
@@ -350,7 +350,7 @@ class ParsedWriter:
     def write_datum(
         self, datum: bytes, partition: int, offset: int, event_time: int | None
     ) -> bool:
-        """File a record the JVM parsed and encoded (`cairn.fastpath`) by its event time, as
+        """File a record the JVM parsed and encoded (`cairn.formats.fastpath`) by its event time, as
         `parse` would; False (nothing written) if its folder is not one `parse` would accept."""
         if (event_time is None) != (self.cfg.event_time is None):
             return False
@@ -462,9 +462,9 @@ class _PartitionWriter:
             self.parsed.write(verbatim, self.parsed.parse(verbatim))
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
-        """`write` each record of an Arrow batch of `cairn.fastpath.OUTPUT_COLUMNS`, at a cost per
-        block and folder rather than per record. A batch that is not one partition in offset
-        order after the records before it, or that would open more files than allowed, goes
+        """`write` each record of an Arrow batch of `cairn.formats.fastpath.OUTPUT_COLUMNS`, at a
+        cost per block and folder rather than per record. A batch that is not one partition in
+        offset order after the records before it, or that would open more files than allowed, goes
         record by record, where `write` refuses or evicts as it always has."""
         if batch.num_rows == 0:
             return

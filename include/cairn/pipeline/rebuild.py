@@ -9,8 +9,8 @@ written again exactly once, whichever dates a fix moves records between; records
 R stay where they are (rebuild their dates to re-derive them). If any record cannot be accounted
 for, the rebuild refuses and changes nothing.
 
-A rebuild is an attempt of the one commit protocol (`cairn.commit`), step by step (the rebuild
-DAG runs them; `rebuild_source` runs on Spark executors, one task per backup file):
+A rebuild is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the
+rebuild DAG runs them; `rebuild_source` runs on Spark executors, one task per backup file):
 1. `select`: take the newest token (files committed after it are left alone); list R's files
    below its position; find each file's backup source in its Avro header (`cairn.source`,
    `cairn.processing_time`); claim a rebuild attempt, storing the selection in the claim.
@@ -18,9 +18,9 @@ DAG runs them; `rebuild_source` runs on Spark executors, one task per backup fil
    exactly those from the backup with the archive attempt's processing time, and stage the new
    files. The Spark job saves what each source gave in the attempt's manifest.
 3. `commit_rebuild` (an Airflow task, like an archive run's commit): check that every record was
-   written once, then commit through `cairn.commit.commit` with the requirements that the files
-   it replaces are unchanged, that its new files overwrite nothing else, and that the topic was
-   not rewound below what it read. Archive runs that committed meanwhile do not stop it.
+   written once, then commit through `cairn.protocol.commit.commit` with the requirements that the
+   files it replaces are unchanged, that its new files overwrite nothing else, and that the topic
+   was not rewound below what it read. Archive runs that committed meanwhile do not stop it.
 
 Selection costs a listing of R's folders and one header read per file, however long the
 topic's history is; the selection reaches Spark by reference (the claim object).
@@ -40,11 +40,14 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError
 
-from cairn import commit
-from cairn.avro import millis, read_metadata
+from cairn.datafiles.avro_file import millis, read_metadata
+from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
 from cairn.errors import PermanentError
 from cairn.formats import Registries
-from cairn.layout import (
+from cairn.protocol import commit
+from cairn.protocol.manifest import FileEntry, VerificationFailed
+from cairn.protocol.tokens import Rebuilt, Token
+from cairn.storage.layout import (
     DataFile,
     check_topic,
     date_prefix,
@@ -52,10 +55,7 @@ from cairn.layout import (
     manifest_key,
     parse_data_key,
 )
-from cairn.manifest import FileEntry, VerificationFailed
-from cairn.storage import Storage
-from cairn.tokens import Rebuilt, Token
-from cairn.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
+from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig

@@ -1,7 +1,7 @@
 """`status`, `files`, `find`, `cat` and `verify`: read-only looks at the archive.
 
-The questions are answered in `cairn.finder`, `cairn.audit` and `cairn.status` (which the overview
-page also uses); these functions only print.
+The questions are answered in `cairn.views.finder`, `cairn.views.audit` and `cairn.views.status`
+(which the overview page also uses); these functions only print.
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from cairn import completeness
-from cairn import status as run_status
-from cairn.audit import audit_date
-from cairn.avro import millis
 from cairn.cli.common import (
     FOUND_PROBLEM,
     NONE,
@@ -34,7 +30,13 @@ from cairn.cli.common import (
     storage_for,
 )
 from cairn.config import TopicConfig, load_topics
-from cairn.finder import (
+from cairn.datafiles.avro_file import millis
+from cairn.pipeline import completeness
+from cairn.protocol.tokens import Token
+from cairn.storage.layout import parse_data_key
+from cairn.views import status as run_status
+from cairn.views.audit import audit_date
+from cairn.views.finder import (
     ArchiveIndex,
     FoundRecord,
     NotArchived,
@@ -42,9 +44,7 @@ from cairn.finder import (
     date_files,
     quarantine_records,
 )
-from cairn.layout import parse_data_key
-from cairn.status import RunRecord
-from cairn.tokens import Token
+from cairn.views.status import RunRecord
 
 TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 

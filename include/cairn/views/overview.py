@@ -2,9 +2,9 @@
 behind Kafka it is and how that moved over the recent runs, what its files and quarantine hold.
 
 Every number comes from objects Cairn already writes (the newest token, the run records of
-`cairn.status`, the data files' names, the quarantine files' `reason` field), so the page needs
-no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin only adds
-what Airflow knows (the runs' states) and renders.
+`cairn.views.status`, the data files' names, the quarantine files' `reason` field), so the page
+needs no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin only
+adds what Airflow knows (the runs' states) and renders.
 
 Reading is bounded: the trend is the newest `TREND_RUNS` run records, files per date come from
 one listing per output, and quarantine reasons are counted over the newest `REASON_FILES` files.
@@ -19,11 +19,13 @@ from datetime import date
 import fastavro
 from pydantic import BaseModel
 
-from cairn import commit, completeness, status
 from cairn.config import TopicConfig
-from cairn.layout import folder_date, parse_data_key
-from cairn.status import RunRecord
-from cairn.storage import Storage
+from cairn.pipeline import completeness
+from cairn.protocol import commit
+from cairn.storage.layout import folder_date, parse_data_key
+from cairn.storage.objects import Storage
+from cairn.views import status
+from cairn.views.status import RunRecord
 
 TREND_RUNS = 20
 """Runs the lag trend spans."""

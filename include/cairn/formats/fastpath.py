@@ -23,7 +23,7 @@ How a value is judged (JSON text → Spark VARIANT, Spark 4.0):
 
 Only flat schemas of string, boolean, int, long, double fields (each optionally a union with
 null) qualify; `gap` names what keeps any other topic on the Python parser. The record's folder
-is rendered in Python from its event time (`cairn.writer`), so folder names always follow
+is rendered in Python from its event time (`cairn.datafiles.writer`), so folder names always follow
 Python's timezone database, the same one a rebuild uses.
 """
 
@@ -34,7 +34,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from cairn.avro import BACKUP_SCHEMA
+from cairn.datafiles.avro_file import BACKUP_SCHEMA
 from cairn.formats.base import MAX_EVENT_MS, MIN_EVENT_MS, output_schema
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Cairn's metric samples in Prometheus' text exposition format (version 0.0.4).
 
-The metric names live in `cairn.metrics` (dotted, as StatsD takes them); Prometheus allows only
-`[a-zA-Z_:][a-zA-Z0-9_:]*`, so dots become underscores and counters gain `_total`. A family's
+The metric names live in `cairn.views.metrics` (dotted, as StatsD takes them); Prometheus allows
+only `[a-zA-Z_:][a-zA-Z0-9_:]*`, so dots become underscores and counters gain `_total`. A family's
 `# HELP` and `# TYPE` lines come once, before all of its samples, as the format requires; help
 text escapes `\\` and newlines, label values also `"`.
 """
@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterable
 
-from cairn.metrics import Sample
+from cairn.views.metrics import Sample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

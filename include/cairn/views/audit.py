@@ -1,7 +1,7 @@
 """Re-counting a date of the archive against its manifests, from the files themselves.
 
-Verify (`cairn.manifest.verify`) checks an attempt before its token commits, by sizes and the
-attempt's own counts. Afterwards a file can still be damaged, replaced or removed by hand, so an
+Verify (`cairn.protocol.manifest.verify`) checks an attempt before its token commits, by sizes and
+the attempt's own counts. Afterwards a file can still be damaged, replaced or removed by hand, so an
 audit reads every partitioned and quarantine file of the date and compares what it holds with
 what the committing link (a token's manifest, or a rebuild) says it holds: the record count, the
 size, the first and last offset, one partition in offset order. Files of one partition in one
@@ -19,9 +19,9 @@ from itertools import pairwise
 from pydantic import BaseModel, Field
 
 from cairn.config import TopicConfig
-from cairn.finder import ArchiveIndex, coordinates, date_files, read_records
-from cairn.layout import DataFile, folder_date, parse_data_key
-from cairn.storage import Storage
+from cairn.storage.layout import DataFile, folder_date, parse_data_key
+from cairn.storage.objects import Storage
+from cairn.views.finder import ArchiveIndex, coordinates, date_files, read_records
 
 
 class FileAudit(BaseModel):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-from cairn.status import RunRecord, TopicStatus
-from cairn.tokens import Counts
+from cairn.protocol.tokens import Counts
+from cairn.views.status import RunRecord, TopicStatus
 
 Kind = Literal["gauge", "counter"]
 

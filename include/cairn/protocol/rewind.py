@@ -5,8 +5,8 @@ readable, at or after the position ("rewound files"). The next run reads their o
 its commit replaces exactly those files (`supersedes`), so every record is archived once again
 afterwards, and a crash or a wait at any step in between leaves them readable. Files that cannot
 be read again — Kafka's retention deleted their offsets, the topic is compacted (a re-read may
-return fewer records), or they are sealed — are adopted by the run instead (`cairn.plan`): kept
-as they are, with no gap declared for offsets the archive holds.
+return fewer records), or they are sealed — are adopted by the run instead (`cairn.pipeline.plan`):
+kept as they are, with no gap declared for offsets the archive holds.
 
 Finding rewound files is cheap when there are none, which is every run that follows a commit:
 per backup partition folder, one listing of its generations and one `StartAfter` listing per
@@ -14,7 +14,7 @@ generation from the position (generations compare as numbers: `10_…` sorts bef
 when some exist are the parsed and quarantine folders listed, to find their files too.
 
 `rewind` is what the CLI does, and it refuses what the next run would not re-read (`refusal`,
-built on the same `cairn.plan.plan` the run uses): a rewind past retention, of a compacted
+built on the same `cairn.pipeline.plan.plan` the run uses): a rewind past retention, of a compacted
 topic, into sealed data, or of every token of a `latest` topic.
 """
 
@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING
 
 import fastavro
 
-from cairn import manifest, tokens
-from cairn.avro import read_metadata
+from cairn.datafiles.avro_file import read_metadata
 from cairn.errors import PermanentError
-from cairn.kafka_meta import TopicState
-from cairn.layout import DataFile, data_prefixes, manifest_key, parse_data_key, token_key
-from cairn.manifest import FileEntry
-from cairn.plan import PlanError, Span, plan
-from cairn.storage import Storage
-from cairn.tokens import Token
+from cairn.kafka.cluster import TopicState
+from cairn.pipeline.plan import PlanError, Span, plan
+from cairn.protocol import manifest, tokens
+from cairn.protocol.manifest import FileEntry
+from cairn.protocol.tokens import Token
+from cairn.storage.layout import DataFile, data_prefixes, manifest_key, parse_data_key, token_key
+from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig

@@ -26,8 +26,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # fastavro buffers one block in memory and compresses it once it passes this size, so a writer
 # holds ~256 KiB (plus one record) however many records go through it, and the writer's cap of
-# open files (cairn.writer) bounds the total. fastavro's default (16 kB) makes many tiny deflate
-# blocks; 256 KiB compresses nearly as well as larger blocks and every reader streams it.
+# open files (cairn.datafiles.writer) bounds the total. fastavro's default (16 kB) makes many tiny
+# deflate blocks; 256 KiB compresses nearly as well as larger blocks and every reader streams it.
 SYNC_INTERVAL = 256 * 1024
 
 TIMESTAMP_MILLIS: dict[str, str] = {"type": "long", "logicalType": "timestamp-millis"}

@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, Field, NonNegativeInt
 
 from cairn.errors import PermanentError
-from cairn.tokens import Gap, Token
+from cairn.protocol.tokens import Gap, Token
 
 NewPartitionStart = Literal["earliest", "latest"]
 
@@ -107,8 +107,8 @@ def plan(
     skipping what its runs had not archived yet. `topic_id` is Kafka's id of the
     topic now; a token that recorded another id belongs to a deleted topic of the same name.
 
-    `rewound` are the files a rewind left at or after the position (`cairn.rewind`). Those that
-    cannot be read again (below Kafka's low watermark, any on a `compacted` topic, or kept) are
+    `rewound` are the files a rewind left at or after the position (`cairn.protocol.rewind`). Those
+    that cannot be read again (below Kafka's low watermark, any on a `compacted` topic, or kept) are
     adopted, with everything before them: the run starts after them and keeps them as they are,
     so no gap is ever declared for offsets the archive holds. A range never ends inside a
     rewound file, so the commit that supersedes it covers all of its records.

@@ -71,7 +71,7 @@ def data_prefixes(topic: str) -> list[str]:
 
 
 def chain_folder(topic: str) -> str:
-    """Where a topic's tokens live: every commit is one (`cairn.tokens`)."""
+    """Where a topic's tokens live: every commit is one (`cairn.protocol.tokens`)."""
     return f"_tokens/{check_topic(topic)}/"
 
 
@@ -249,7 +249,7 @@ def success_key(topic: str, folder: str) -> str:
 
 
 def completeness_key(topic: str) -> str:
-    """Where a topic's completeness state lives (`cairn.completeness`)."""
+    """Where a topic's completeness state lives (`cairn.pipeline.completeness`)."""
     return f"_complete/{check_topic(topic)}.json"
 
 

@@ -1,10 +1,10 @@
 """One archive run, step by step: plan → clean → (Spark archives) → verify → commit.
 
 The Airflow tasks are one-line calls into these functions; `Planned` is what travels between
-them. Planning claims the next token (`cairn.commit`) and stores the whole plan in the claim
-object, so the Spark job reads it by reference, and every later step first checks that the claim
-is still live: a stale plan fails fast instead of touching the archive. The run commits through
-`cairn.commit.commit`, the one commit site rebuilds and seals use too.
+them. Planning claims the next token (`cairn.protocol.commit`) and stores the whole plan in the
+claim object, so the Spark job reads it by reference, and every later step first checks that the
+claim is still live: a stale plan fails fast instead of touching the archive. The run commits
+through `cairn.protocol.commit.commit`, the one commit site rebuilds and seals use too.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from cairn import commit, kafka_meta, manifest, rewind, status, tokens
 from cairn.config import TopicConfig
-from cairn.kafka_conf import KafkaConf
-from cairn.layout import claims_folder, manifest_key
-from cairn.plan import Plan, TopicRecreated, lag, plan
-from cairn.storage import Storage
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
+from cairn.pipeline.plan import Plan, TopicRecreated, lag, plan
+from cairn.protocol import commit, manifest, rewind, tokens
+from cairn.storage.layout import claims_folder, manifest_key
+from cairn.storage.objects import Storage
+from cairn.views import status
 
 if TYPE_CHECKING:
-    from cairn.writer import PartitionResult
+    from cairn.datafiles.writer import PartitionResult
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class Planned(BaseModel):
     planned_at: datetime
     """Also the processing time the Spark job parses with, so a retry writes the same bytes."""
     replaces: list[str] = []
-    """Rewound files holding offsets this run reads again (`cairn.rewind.supersedes`)."""
+    """Rewound files holding offsets this run reads again (`cairn.protocol.rewind.supersedes`)."""
 
     @property
     def seq(self) -> int:
@@ -97,12 +99,12 @@ def load_planned(storage: Storage, claim_key: str) -> Planned:
 def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) -> Planned | None:
     """Plan and claim the next token; None when there is nothing to read or record.
 
-    Settles the newest token first (`cairn.commit.settle`: a crashed commit's publication is
-    finished), so the archive is whole even when nothing new arrives.
+    Settles the newest token first (`cairn.protocol.commit.settle`: a crashed commit's publication
+    is finished), so the archive is whole even when nothing new arrives.
     """
     topic = cfg.topic
     token = commit.settle(storage, topic)
-    state = kafka_meta.fetch_topic(kafka, topic)
+    state = cluster.fetch_topic(kafka, topic)
     position = token.next_offsets if token else {}
     rewound = rewind.rewound_backups(storage, topic, position)
     planned = plan(
@@ -232,7 +234,7 @@ def commit_token(
     kafka: KafkaConf | None,
 ) -> tokens.Token:
     """Commit a verified run through the one commit site: its staged files in, the rewound
-    files it read again out. Safe to retry at any point (`cairn.commit.commit`)."""
+    files it read again out. Safe to retry at any point (`cairn.protocol.commit.commit`)."""
 
     def change() -> commit.Change:
         files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
@@ -292,7 +294,7 @@ def _commit_group(
     """Give the topic's consumer group the token's offsets; a failure is reported, not raised."""
     group = cfg.group_id
     try:
-        kafka_meta.commit_group_offsets(kafka, group, summary.topic, offsets)
+        cluster.commit_group_offsets(kafka, group, summary.topic, offsets)
     except Exception as err:  # the token is committed; the group only mirrors it
         error = f"{type(err).__name__}: {err}"
         log.warning(
@@ -320,7 +322,7 @@ class SameTopic:
             return
         if self.kafka is None:
             raise ValueError(f"{claim.label}: checking Kafka's topic id needs a Kafka connection")
-        now = kafka_meta.fetch_topic_id(self.kafka, planned.topic)
+        now = cluster.fetch_topic_id(self.kafka, planned.topic)
         if now != planned.topic_id:
             raise TopicRecreated(
                 f"topic {planned.topic!r} was deleted and recreated while {planned.attempt_id} "
@@ -338,10 +340,10 @@ def _summary(
     partition_lag: dict[int, float] = {}
     error = None
     try:
-        watermarks = kafka_meta.fetch_watermarks(kafka, planned.topic)
+        watermarks = cluster.fetch_watermarks(kafka, planned.topic)
         offset_lag = lag(next_offsets, watermarks)
         behind = {p: next_offsets[p] for p, n in offset_lag.items() if n > 0 and p in next_offsets}
-        oldest = kafka_meta.timestamps_at(kafka, planned.topic, behind)
+        oldest = cluster.timestamps_at(kafka, planned.topic, behind)
         now_ms = datetime.now(UTC).timestamp() * 1000
         partition_lag = {p: 0.0 for p in offset_lag}
         partition_lag.update({p: max(0.0, (now_ms - ts) / 1000) for p, ts in oldest.items()})

@@ -24,12 +24,12 @@ from typing import Any
 import fastavro
 from pydantic import BaseModel, ValidationError
 
-from cairn import manifest, rewind, tokens
 from cairn.config import TopicConfig, resolve
-from cairn.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
-from cairn.manifest import FileEntry, Manifest
-from cairn.rebuild import day_files, load_attempt
-from cairn.storage import Storage
+from cairn.pipeline.rebuild import day_files, load_attempt
+from cairn.protocol import manifest, rewind, tokens
+from cairn.protocol.manifest import FileEntry, Manifest
+from cairn.storage.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
+from cairn.storage.objects import Storage
 
 
 class NotArchived(LookupError):

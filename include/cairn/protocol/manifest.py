@@ -16,9 +16,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.errors import PermanentError
-from cairn.layout import data_prefixes, manifest_key, parse_data_key
-from cairn.storage import Storage
-from cairn.tokens import Counts, Gap
+from cairn.protocol.tokens import Counts, Gap
+from cairn.storage.layout import data_prefixes, manifest_key, parse_data_key
+from cairn.storage.objects import Storage
 
 Kind = Literal["backup", "partitioned", "quarantine"]
 

@@ -41,12 +41,19 @@ from typing import TYPE_CHECKING, Literal
 import fastavro
 from pydantic import BaseModel, Field, ValidationError
 
-from cairn import commit, kafka_meta, manifest, tokens
 from cairn.errors import PermanentError
-from cairn.kafka_conf import KafkaConf
-from cairn.layout import completeness_key, date_folder, folder_date, parse_data_key, success_key
-from cairn.rebuild import day_files
-from cairn.storage import Storage
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
+from cairn.pipeline.rebuild import day_files
+from cairn.protocol import commit, manifest, tokens
+from cairn.storage.layout import (
+    completeness_key,
+    date_folder,
+    folder_date,
+    parse_data_key,
+    success_key,
+)
+from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
@@ -388,10 +395,10 @@ def _file_dates(cfg: TopicConfig, keys: Iterable[str]) -> set[date]:
 
 def _log_view(kafka: KafkaConf, topic: str) -> LogView:
     checked_at = datetime.now(UTC)
-    high = {p: w.high for p, w in kafka_meta.fetch_watermarks(kafka, topic).items()}
+    high = {p: w.high for p, w in cluster.fetch_watermarks(kafka, topic).items()}
 
     def first_after(partitions: list[int], millis: int) -> dict[int, int | None]:
-        return kafka_meta.offsets_after(kafka, topic, partitions, millis)
+        return cluster.offsets_after(kafka, topic, partitions, millis)
 
     return LogView(checked_at, high, first_after)
 

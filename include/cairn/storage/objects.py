@@ -30,7 +30,7 @@ class Storage:
     """An archive root (`file:///path` or `s3://bucket/prefix`) and the objects under it.
 
     Keys are relative, `/`-separated paths such as `_tokens/orders/000000000001.json`.
-    `options` go to the fsspec filesystem (for S3: `cairn.s3_access.s3_options`).
+    `options` go to the fsspec filesystem (for S3: `cairn.storage.s3_access.s3_options`).
     """
 
     def __init__(self, url: str, **options: Any) -> None:

@@ -6,9 +6,9 @@ keys, headers and timestamps (sent as CreateTime, so a topic with the default
 `message.timestamp.type` keeps them). Each record goes to the same partition number it came from
 unless `keep_partitions` is off, when the producer's partitioner picks one by key.
 
-Only the backup files whose manifest spans meet the range are read (`cairn.finder`). The producer
-is idempotent (`enable.idempotence`: no duplicates or reordering from its own retries, `acks=all`),
-and the replay fails unless every record was acknowledged.
+Only the backup files whose manifest spans meet the range are read (`cairn.views.finder`). The
+producer is idempotent (`enable.idempotence`: no duplicates or reordering from its own retries,
+`acks=all`), and the replay fails unless every record was acknowledged.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from cairn import kafka_meta
-from cairn.avro import millis
+from cairn.datafiles.avro_file import millis
 from cairn.errors import PermanentError
-from cairn.finder import ArchiveIndex, NotArchived, read_records
-from cairn.kafka_conf import KafkaConf
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
+from cairn.views.finder import ArchiveIndex, NotArchived, read_records
 
 PRODUCER = {"enable.idempotence": True, "acks": "all", "linger.ms": 20}
 _BOUND_RE = re.compile(r"(\d+):(\d+)")
@@ -117,8 +117,8 @@ def replay(
     `keep_partitions`), DeliveryFailed if any record was not acknowledged.
     """
     try:
-        target = kafka_meta.fetch_watermarks(kafka, to_topic)
-    except kafka_meta.TopicNotFound as err:
+        target = cluster.fetch_watermarks(kafka, to_topic)
+    except cluster.TopicNotFound as err:
         raise ReplayRefused(f"{err}: create it first (Cairn never creates topics)") from None
     missing = sorted({r.partition for r in ranges} - set(target)) if keep_partitions else []
     if missing:

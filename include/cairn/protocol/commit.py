@@ -1,8 +1,8 @@
 """The commit protocol: the one place where an attempt's work becomes part of the archive.
 
 Every change to a topic's data folders (an archive run, a rebuild, a seal) is an *attempt* that
-becomes one token of the topic's chain (`cairn.tokens`). In the spirit of a table commit with
-requirements (pyiceberg's `AssertRefSnapshotId`, the coordinator of Iceberg's Kafka Connect
+becomes one token of the topic's chain (`cairn.protocol.tokens`). In the spirit of a table commit
+with requirements (pyiceberg's `AssertRefSnapshotId`, the coordinator of Iceberg's Kafka Connect
 sink), an attempt:
 
 1. **claims**: it creates `_claims/<topic>/<kind>/<seq>-<k>.json` holding its whole plan (the
@@ -34,7 +34,7 @@ missing or replaced token (what a hand rewind leaves when it races a commit, or 
 that is not the newest) and a token whose staged files are gone before they were published are
 removed by the next `settle`, with a warning naming them: their offsets are read again, and their
 files, like every rewound file, stay in place until a commit holds those offsets again
-(`cairn.rewind`). So a record whose token counts is in the archive.
+(`cairn.protocol.rewind`). So a record whose token counts is in the archive.
 
 **Costs.** Finding the newest token is one listing that starts at a known seq (the newest a commit
 recorded in `_heads/<topic>.json`, or the attempt's own base), never a listing of the whole chain;
@@ -53,9 +53,10 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, NonNegativeInt, PositiveInt
 
-from cairn import tokens
 from cairn.errors import PermanentError
-from cairn.layout import (
+from cairn.protocol import tokens
+from cairn.protocol.tokens import Kind, Token
+from cairn.storage.layout import (
     attempt_prefix,
     claim_key,
     claim_numbers,
@@ -65,8 +66,7 @@ from cairn.layout import (
     pending_key,
     token_key,
 )
-from cairn.storage import ObjectExists, Storage
-from cairn.tokens import Kind, Token
+from cairn.storage.objects import ObjectExists, Storage
 
 log = logging.getLogger(__name__)
 

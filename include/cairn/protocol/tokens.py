@@ -1,13 +1,15 @@
 """Offset tokens: a topic's chain of commits, and the only record of how far it is archived.
 
 Token `n` of a topic is the object `_tokens/<topic>/<n:012d>.json`. Every change to a topic's data
-folders is one token, created by the one commit site (`cairn.commit`): an archive run (`kind:
-archive`) moves the position; a rebuild (`rebuild`) or a seal replaces files and carries the
+folders is one token, created by the one commit site (`cairn.protocol.commit`): an archive run
+(`kind: archive`) moves the position; a rebuild (`rebuild`) or a seal replaces files and carries the
 position over unchanged. So the newest token is always the position, and deleting the newest
-tokens (a rewind, `cairn.rewind`) moves it back. Each token names the token it was committed on
-(`base_created_at`), so a token left above a missing or replaced one is recognised as such.
+tokens (a rewind, `cairn.protocol.rewind`) moves it back. Each token names the token it was
+committed on (`base_created_at`), so a token left above a missing or replaced one is recognised as
+such.
 
-This module is the token's format and how to read it; `cairn.commit` decides which token counts.
+This module is the token's format and how to read it; `cairn.protocol.commit` decides which token
+counts.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.errors import PermanentError
-from cairn.layout import chain_folder, link_seq, token_key
-from cairn.storage import Storage
+from cairn.storage.layout import chain_folder, link_seq, token_key
+from cairn.storage.objects import Storage
 
 Kind = Literal["archive", "rebuild", "seal"]
 """What a commit did: read Kafka (and moved the position), or replaced files below it."""
@@ -62,7 +64,8 @@ class Token(BaseModel):
     """One commit: the position after it, and what it did to the data folders.
 
     Partition keys are strings in JSON and ints here. `previous_offsets` is the position the
-    commit's attempt planned from; `adds` and `replaces` are its publication (`cairn.commit`).
+    commit's attempt planned from; `adds` and `replaces` are its publication
+    (`cairn.protocol.commit`).
     """
 
     seq: PositiveInt
@@ -78,7 +81,7 @@ class Token(BaseModel):
     manifest: str | None = None
     """The attempt's manifest: what it read and wrote, file by file."""
     attempt_id: str | None = None
-    """The attempt (`cairn.commit`) whose staged files this token publishes."""
+    """The attempt (`cairn.protocol.commit`) whose staged files this token publishes."""
     adds: dict[str, NonNegativeInt] = Field(default_factory=dict)
     """Keys (and sizes) of the files this token put into the data folders."""
     replaces: list[str] = Field(default_factory=list)

@@ -18,9 +18,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, ValidationError
 
-from cairn.layout import check_topic
-from cairn.storage import Storage
-from cairn.tokens import Counts
+from cairn.protocol.tokens import Counts
+from cairn.storage.layout import check_topic
+from cairn.storage.objects import Storage
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from cairn.kafka_conf import KafkaAccessDenied, KafkaConf
-from cairn.plan import Watermarks
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
+from cairn.pipeline.plan import Watermarks
 
 DENIED = {
     KafkaError._AUTHENTICATION: "check sasl.username and sasl.password",

@@ -32,7 +32,7 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from cairn.layout import check_topic
+from cairn.storage.layout import check_topic
 
 NAMESPACE = "cairn"
 """The namespace of Cairn's tables: Spark SQL names a topic's table `<catalog>.cairn.<table>`."""

@@ -1,0 +1,1 @@
+"""Output data files: Avro files and the one-pass writer."""

@@ -1,0 +1,1 @@
+"""Kafka: one connection configuration for every client, and what the cluster says."""

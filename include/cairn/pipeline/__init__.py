@@ -1,0 +1,1 @@
+"""The steps of each DAG: planning and archiving runs, rebuilds, completeness."""

@@ -1,0 +1,1 @@
+"""The commit protocol: claims, tokens, requirements, publication, rewinds, attempt manifests."""

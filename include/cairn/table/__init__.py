@@ -1,0 +1,1 @@
+"""The topic's Apache Iceberg table: its catalog."""

@@ -1,0 +1,1 @@
+"""Operator views: status, overview, finding records, audits, metrics, alerts, replay."""
