@@ -367,7 +367,7 @@ class ParsedWriter:
         if event_time is None:
             return self._processing_folder
         folder = self._minute(event_time // 60_000)
-        return folder if folder is not None else self._local(event_time).strftime(self._format)
+        return folder if folder is not None else self._render(event_time)
 
     def _minute(self, minute: int) -> str | None:
         """`_minute_folder`, remembered."""
@@ -383,13 +383,16 @@ class ParsedWriter:
         With one offset throughout, local time only moves forward, so the minute's first and
         last millisecond in the same folder mean all of it is (folders name minutes at most).
         """
-        first, last = self._local(minute * 60_000), self._local(minute * 60_000 + 59_999)
-        folder = first.strftime(self._format)
-        same = first.utcoffset() == last.utcoffset() and folder == last.strftime(self._format)
+        first, last = minute * 60_000, minute * 60_000 + 59_999
+        tz = self.cfg.tzinfo
+        offsets = (_EPOCH + first * _MS).astimezone(tz), (_EPOCH + last * _MS).astimezone(tz)
+        folder = self._render(first)
+        same = offsets[0].utcoffset() == offsets[1].utcoffset() and folder == self._render(last)
         return folder if same else None
 
-    def _local(self, millis: int) -> datetime:
-        return (_EPOCH + millis * _MS).astimezone(self.cfg.tzinfo)
+    def _render(self, millis: int) -> str:
+        """The folder of an event time: `layout.event_folder`, the one place folders are made."""
+        return event_folder(self._format, _EPOCH + millis * _MS, self.cfg.tzinfo)
 
     def close(self) -> None:
         """Finish the files still open (quarantine first, then partitioned)."""

@@ -49,7 +49,7 @@ from cairn.protocol import commit, manifest, tokens
 from cairn.storage.layout import (
     completeness_key,
     date_folder,
-    folder_date,
+    file_date,
     parse_data_key,
     success_key,
 )
@@ -379,18 +379,9 @@ def _dates_written(storage: Storage, cfg: TopicConfig, committed: list[tokens.To
 
 
 def _file_dates(cfg: TopicConfig, keys: Iterable[str]) -> set[date]:
-    found = set()
-    for key in keys:
-        f = parse_data_key(key)
-        if f is None or f.kind == "backup":
-            continue
-        try:
-            found.add(
-                folder_date(f.folder, "dt=%Y-%m-%d" if f.kind == "quarantine" else cfg.path_format)
-            )
-        except ValueError:  # a folder of another path format: not this configuration's date
-            continue
-    return found
+    found = (parse_data_key(key) for key in keys)
+    days = (file_date(f, cfg.path_format) for f in found if f is not None)
+    return {day for day in days if day is not None}  # None: another path format's folder
 
 
 def _log_view(kafka: KafkaConf, topic: str) -> LogView:

@@ -49,9 +49,8 @@ from cairn.protocol.manifest import FileEntry, VerificationFailed
 from cairn.protocol.tokens import Rebuilt, Token
 from cairn.storage.layout import (
     DataFile,
-    check_topic,
-    date_prefix,
-    folder_date,
+    day_prefixes,
+    file_date,
     manifest_key,
     parse_data_key,
 )
@@ -364,32 +363,18 @@ def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[di
 def day_versions(storage: Storage, topic: str, path_format: str, day: date) -> dict[DataFile, str]:
     """Data files (and their versions) in `day`'s partitioned folders (of `path_format`) and
     quarantine: one listing each."""
-    check_topic(topic)
-    # List only below the folders that the date alone fixes, e.g. `dt=2024-06-01/`.
-    prefix = date_prefix(path_format, day)
     found = {}
-    for key, version in storage.versions(f"partitioned/{topic}/{prefix}").items():
-        f = parse_data_key(key)
-        if f is not None and _folder_date(f.folder, path_format) == day:
-            found[f] = version
-    for key, version in storage.versions(f"quarantine/{topic}/dt={day}/").items():
-        f = parse_data_key(key)
-        if f is not None:
-            found[f] = version
+    for prefix in day_prefixes(topic, path_format, day):  # only what the date alone fixes
+        for key, version in storage.versions(prefix).items():
+            f = parse_data_key(key)
+            if f is not None and file_date(f, path_format) == day:
+                found[f] = version
     return found
 
 
 def day_files(storage: Storage, topic: str, path_format: str, day: date) -> list[DataFile]:
     """Data files in `day`'s partitioned folders (of `path_format`) and quarantine."""
     return list(day_versions(storage, topic, path_format, day))
-
-
-def _folder_date(folder: str, path_format: str) -> date | None:
-    """None for a folder of another path format (not this configuration's to replace)."""
-    try:
-        return folder_date(folder, path_format)
-    except ValueError:
-        return None
 
 
 def _dates(days: list[date]) -> str:

@@ -33,7 +33,15 @@ from cairn.pipeline.plan import PlanError, Span, plan
 from cairn.protocol import manifest, tokens
 from cairn.protocol.manifest import FileEntry
 from cairn.protocol.tokens import Token
-from cairn.storage.layout import DataFile, data_prefixes, manifest_key, parse_data_key, token_key
+from cairn.storage.layout import (
+    DataFile,
+    backup_folder,
+    backup_partition,
+    data_prefixes,
+    manifest_key,
+    parse_data_key,
+    token_key,
+)
 from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
@@ -51,20 +59,17 @@ def rewound_backups(
 ) -> dict[int, list[DataFile]]:
     """Backup files at or after `position` (every generation), per partition in offset order."""
     found = {}
-    for folder in storage.children(f"backup/{topic}/"):
-        name = folder.rstrip("/").rsplit("/", 1)[-1]
-        if name.startswith("partition=") and name[10:].isdigit():
-            p = int(name[10:])
-            files = backups_from(storage, topic, p, position.get(p, 0))
-            if files:
-                found[p] = files
+    for folder in storage.children(backup_folder(topic)):
+        p = backup_partition(folder)
+        if p is not None and (files := backups_from(storage, topic, p, position.get(p, 0))):
+            found[p] = files
     return found
 
 
 def backups_from(storage: Storage, topic: str, partition: int, start: int) -> list[DataFile]:
     """Backup files of `partition` whose first offset is at or after `start`, in offset order:
     one listing of the folder's generations, then one `StartAfter` listing per generation."""
-    folder = f"backup/{topic}/partition={partition}/"
+    folder = backup_folder(topic, partition)
     found = []
     for gen in storage.name_heads(folder, "_"):
         beginning = f"{gen}{partition}_"

@@ -26,6 +26,7 @@ SUCCESS_MARKER = "_SUCCESS"
 _TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _SAFE_ID_RE = re.compile(r"[a-zA-Z0-9._-]{1,200}")
 _FILE_RE = re.compile(r"(\d+)_(\d+)_(\d{20})\.avro")
+_SEALED_RE = re.compile(r"(\d+)_sealed_(\d{6})\.avro")
 _LINK_RE = re.compile(r"(\d{12})\.json")
 _CLAIM_RE = re.compile(r"(\d{12})-(\d{6})\.json")
 _HIVE_KEY_RE = re.compile(r"[a-z_][a-z0-9_]*")
@@ -46,6 +47,27 @@ def data_file_name(gen: int, partition: int, first_offset: int) -> str:
     return f"{gen}_{partition}_{first_offset:020d}.avro"
 
 
+def sealed_file_name(gen: int, chunk: int) -> str:
+    """A sealed file: chunk `chunk` of one folder's records, merged when its date was sealed."""
+    if gen < 1 or not 0 <= chunk < 10**6:
+        raise ValueError(f"bad sealed file gen={gen} chunk={chunk}")
+    return f"{gen}_sealed_{chunk:06d}.avro"
+
+
+def backup_folder(topic: str, partition: int | None = None) -> str:
+    """`backup/<topic>/`, or one partition's folder in it."""
+    base = f"backup/{check_topic(topic)}/"
+    return base if partition is None else f"{base}partition={partition}/"
+
+
+def backup_partition(folder: str) -> int | None:
+    """The partition of a backup partition folder's key (`.../partition=3/`), else None."""
+    name = folder.rstrip("/").rsplit("/", 1)[-1]
+    if name.startswith("partition=") and name[10:].isdigit():
+        return int(name[10:])
+    return None
+
+
 def backup_key(topic: str, gen: int, partition: int, first_offset: int) -> str:
     name = data_file_name(gen, partition, first_offset)
     return f"backup/{check_topic(topic)}/partition={partition}/{name}"
@@ -58,11 +80,46 @@ def partitioned_key(topic: str, gen: int, partition: int, first_offset: int, fol
     return f"partitioned/{check_topic(topic)}/{folder}/{name}"
 
 
+QUARANTINE_FORMAT = "dt=%Y-%m-%d"
+"""Quarantine folders are by processing date, whatever the topic's path format."""
+
+
+def quarantine_folder(processing_date: date) -> str:
+    return processing_date.strftime(QUARANTINE_FORMAT)
+
+
 def quarantine_key(
     topic: str, gen: int, partition: int, first_offset: int, processing_date: date
 ) -> str:
     name = data_file_name(gen, partition, first_offset)
-    return f"quarantine/{check_topic(topic)}/dt={processing_date.isoformat()}/{name}"
+    return f"quarantine/{check_topic(topic)}/{quarantine_folder(processing_date)}/{name}"
+
+
+def kind_folder(kind: DataKind, topic: str, folder: str = "") -> str:
+    """`<kind>/<topic>/` (or one folder in it, with a trailing `/`)."""
+    base = f"{kind}/{check_topic(topic)}/"
+    return f"{base}{folder.strip('/')}/" if folder else base
+
+
+def day_prefixes(topic: str, path_format: str, day: date) -> tuple[str, str]:
+    """What to list for `day`: the partitioned prefix its date alone fixes (`dt=2024-06-01/`,
+    or the topic's whole folder for a format whose leading folders do not fix the date) and its
+    quarantine folder."""
+    return (
+        kind_folder("partitioned", topic) + date_prefix(path_format, day),
+        kind_folder("quarantine", topic, quarantine_folder(day)),
+    )
+
+
+def file_date(f: DataFile, path_format: str) -> date | None:
+    """The date a data file is filed under (partitioned: its event-time folder's; quarantine:
+    the processing date); None for backup files and folders of another path format."""
+    if f.kind == "backup":
+        return None
+    try:
+        return folder_date(f.folder, QUARANTINE_FORMAT if f.kind == "quarantine" else path_format)
+    except ValueError:
+        return None
 
 
 def data_prefixes(topic: str) -> list[str]:
@@ -142,20 +199,29 @@ def pending_key(topic: str, attempt_id: str) -> str:
 
 @dataclass(frozen=True)
 class DataFile:
-    """A data file's identity, recovered from its key."""
+    """A data file's identity, recovered from its key: a run's file (its partition and first
+    offset), or a sealed file (`chunk`: the records of its folder merged when sealed, from any
+    partition; `partition` and `first_offset` are then None)."""
 
     kind: DataKind
     topic: str
     folder: str
     gen: int
-    partition: int
-    first_offset: int
+    partition: int | None
+    first_offset: int | None
+    chunk: int | None = None
+
+    @property
+    def sealed(self) -> bool:
+        return self.chunk is not None
 
     @property
     def key(self) -> str:
-        return f"{self.kind}/{self.topic}/{self.folder}/" + data_file_name(
-            self.gen, self.partition, self.first_offset
-        )
+        if self.chunk is not None:
+            name = sealed_file_name(self.gen, self.chunk)
+        else:
+            name = data_file_name(self.gen, self.partition, self.first_offset)
+        return f"{self.kind}/{self.topic}/{self.folder}/{name}"
 
 
 def parse_data_key(key: str) -> DataFile | None:
@@ -164,16 +230,23 @@ def parse_data_key(key: str) -> DataFile | None:
     if len(parts) < 4 or parts[0] not in DATA_KINDS or not _is_topic(parts[1]):
         return None
     kind, topic, folder, name = parts[0], parts[1], "/".join(parts[2:-1]), parts[-1]
-    match = _FILE_RE.fullmatch(name)
-    if not match or not is_safe_folder(folder):
-        return None
-    gen, partition, first = (int(g) for g in match.groups())
-    if kind == "backup" and folder != f"partition={partition}":
+    if not is_safe_folder(folder):
         return None
     if kind == "quarantine" and not _is_date_folder(folder):
         return None
+    sealed = _SEALED_RE.fullmatch(name)
+    match = _FILE_RE.fullmatch(name)
     try:
-        found = DataFile(kind, topic, folder, gen, partition, first)  # type: ignore[arg-type]
+        if sealed and kind != "backup":
+            gen, chunk = (int(g) for g in sealed.groups())
+            found = DataFile(kind, topic, folder, gen, None, None, chunk)  # type: ignore[arg-type]
+        elif match:
+            gen, partition, first = (int(g) for g in match.groups())
+            if kind == "backup" and folder != f"partition={partition}":
+                return None
+            found = DataFile(kind, topic, folder, gen, partition, first)  # type: ignore[arg-type]
+        else:
+            return None
         return found if found.key == key else None  # rejects non-canonical numbers
     except ValueError:
         return None
@@ -239,6 +312,32 @@ def date_folder(path_format: str, day: date) -> str | None:
     if not all(d in fixed for d in ("%Y", "%m", "%d")):
         return None
     return date_prefix(path_format, day).rstrip("/")
+
+
+SEALED_MARKER = "_SEALED"
+"""A sealed date's proof of completeness, in its date folder (readers skip `_` files)."""
+
+
+def proof_key(topic: str, folder: str) -> str:
+    """The proof (`_SEALED`) of a sealed date whose date folder is `folder`."""
+    if not is_safe_folder(folder):
+        raise ValueError(f"unsafe partition folder {folder!r}")
+    return f"partitioned/{check_topic(topic)}/{folder}/{SEALED_MARKER}"
+
+
+def table_file_name(day: date, attempt_id: str, n: int) -> str:
+    """A table data file of `day`, written by seal attempt `attempt_id`, relative to the
+    table's location (Hive-style, as Iceberg lays out an identity partition)."""
+    return f"data/_event_date={day.isoformat()}/{check_id(attempt_id)}-{n:05d}.parquet"
+
+
+def status_folder(topic: str) -> str:
+    return f"_status/{check_topic(topic)}/"
+
+
+def status_key(topic: str, seq: int) -> str:
+    """The run record of token `seq` (`cairn.views.status`)."""
+    return f"{status_folder(topic)}{seq:012d}.json"
 
 
 def success_key(topic: str, folder: str) -> str:

@@ -19,7 +19,7 @@ from itertools import pairwise
 from pydantic import BaseModel, Field
 
 from cairn.config import TopicConfig
-from cairn.storage.layout import DataFile, folder_date, parse_data_key
+from cairn.storage.layout import DataFile, file_date, parse_data_key
 from cairn.storage.objects import Storage
 from cairn.views.finder import ArchiveIndex, coordinates, date_files, read_records
 
@@ -155,7 +155,4 @@ def _missing(index: ArchiveIndex, cfg: TopicConfig, day: date, present: set[str]
 
 
 def _day_of(f: DataFile, cfg: TopicConfig) -> date | None:
-    try:
-        return folder_date(f.folder, "dt=%Y-%m-%d" if f.kind == "quarantine" else cfg.path_format)
-    except ValueError:
-        return None
+    return file_date(f, cfg.path_format)

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from cairn.config import TopicConfig
 from cairn.pipeline import completeness
 from cairn.protocol import commit
-from cairn.storage.layout import folder_date, parse_data_key
+from cairn.storage.layout import file_date, kind_folder, parse_data_key
 from cairn.storage.objects import Storage
 from cairn.views import status
 from cairn.views.status import RunRecord
@@ -103,14 +103,10 @@ def files_per_date(storage: Storage, cfg: TopicConfig) -> list[DateFiles]:
     quarantine by processing date), newest date first."""
     days: dict[date, DateFiles] = {}
     for kind in ("partitioned", "quarantine"):
-        for key in storage.list(f"{kind}/{cfg.topic}/"):
+        for key in storage.list(kind_folder(kind, cfg.topic)):
             data = parse_data_key(key)
-            if data is None:
-                continue
-            path_format = cfg.path_format if kind == "partitioned" else "dt=%Y-%m-%d"
-            try:
-                day = folder_date(data.folder, path_format)
-            except ValueError:  # written under an earlier path format
+            day = None if data is None else file_date(data, cfg.path_format)
+            if day is None:  # not a data file, or written under an earlier path format
                 continue
             entry = days.setdefault(day, DateFiles(day=day))
             setattr(entry, kind, getattr(entry, kind) + 1)
@@ -122,7 +118,7 @@ def quarantine_reasons(
 ) -> tuple[list[tuple[str, int]], int]:
     """Reasons of the newest `max_files` quarantine files by count (most frequent first), and
     how many files were read."""
-    keys = [k for k in storage.list(f"quarantine/{topic}/") if parse_data_key(k) is not None]
+    keys = [k for k in storage.list(kind_folder("quarantine", topic)) if parse_data_key(k)]
     newest = keys[-max_files:] if max_files > 0 else []
     counts: Counter[str] = Counter()
     for key in newest:

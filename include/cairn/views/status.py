@@ -19,7 +19,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field, ValidationError
 
 from cairn.protocol.tokens import Counts
-from cairn.storage.layout import check_topic
+from cairn.storage.layout import status_folder, status_key
 from cairn.storage.objects import Storage
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,11 @@ class TopicStatus(BaseModel):
 
 
 def folder(topic: str) -> str:
-    return f"_status/{check_topic(topic)}/"
+    return status_folder(topic)
 
 
 def key(topic: str, seq: int) -> str:
-    return f"{folder(topic)}{seq:012d}.json"
+    return status_key(topic, seq)
 
 
 def with_totals(record: RunRecord, previous: RunRecord | None) -> RunRecord:
