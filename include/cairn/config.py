@@ -173,6 +173,15 @@ class TopicConfig(BaseModel):
     lateness: timedelta | None = timedelta(hours=1)
     """How long after a date ends (in Kafka time) its records may still arrive before the date
     is complete (`cairn.pipeline.completeness`); later records amend it. None: no completeness."""
+    seal: bool = True
+    """Seal each complete date: merge its files, put it in the topic's Iceberg table and prove it
+    complete (`cairn.pipeline.seal`). Needs completeness (`lateness`)."""
+    seal_target_file_mb: int = Field(default=128, gt=0)
+    """A sealed file's size: at most one file per event-time folder per this many MB."""
+    reseal_files: int = Field(default=10, gt=0)
+    """Seal a sealed date again once this many files (late data, a rebuild) are not sealed..."""
+    reseal_mb: int = Field(default=64, gt=0)
+    """... or once they hold this many MB."""
     format_settings: Any = Field(default=None, validate_default=True)
     """The format's own section (`avro: {...}` for format avro), as its `Settings` model."""
 
@@ -315,6 +324,11 @@ class TopicConfig(BaseModel):
     def tracks_completeness(self) -> bool:
         """Whether Cairn marks this topic's complete dates (formats that parse, with lateness)."""
         return self.lateness is not None and FORMATS[self.format].parses
+
+    @property
+    def seals(self) -> bool:
+        """Whether Cairn seals this topic's complete dates."""
+        return self.seal and self.tracks_completeness
 
     @property
     def archive_schedule(self) -> str:

@@ -73,22 +73,20 @@ def test_nothing_is_rewound_after_a_commit(storage, archived):
 
 
 def test_spans_come_from_each_files_manifest_or_from_the_file(storage, archived):
-    found = rewind.rewound_backups(storage, TOPIC, {0: 20, 1: 5})
+    found = rewind.survey(storage, TOPIC, {0: 20, 1: 5})
     assert rewind.spans(storage, found) == {0: [Span(20, 29), Span(30, 39)]}
 
     for key in storage.list("_manifests/"):
         storage.delete(key)
-    assert rewind.spans(storage, found, kept=[found[0][1].key]) == {
-        0: [Span(20, 29), Span(30, 39, keep=True)]
-    }
+    assert rewind.spans(storage, found) == {0: [Span(20, 29), Span(30, 39)]}
 
 
 def test_a_re_read_replaces_every_kind_of_rewound_file_in_its_ranges_and_nothing_else(
     storage, archived
 ):
-    found = rewind.rewound_backups(storage, TOPIC, {0: 10, 1: 0})
+    found = rewind.survey(storage, TOPIC, {0: 10, 1: 0})
 
-    doomed = rewind.supersedes(storage, TOPIC, found, {0: (10, 30), 1: (0, 5)})
+    doomed = rewind.supersedes(found, {0: (10, 30), 1: (0, 5)})
 
     inside = {0: range(10, 30), 1: range(5)}
     expected = [
@@ -98,7 +96,7 @@ def test_a_re_read_replaces_every_kind_of_rewound_file_in_its_ranges_and_nothing
     ]
     assert doomed == sorted(expected)
     assert {parse_data_key(k).kind for k in doomed} == {"backup", "partitioned", "quarantine"}
-    assert rewind.supersedes(storage, TOPIC, {}, {0: (10, 30)}) == []
+    assert rewind.supersedes(rewind.Rewound({}), {0: (10, 30)}) == []
 
 
 def test_rewind_by_count_takes_back_archive_runs_and_the_tokens_above_them(storage, archived):

@@ -7,6 +7,9 @@ import functools
 import hashlib
 import io
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -231,9 +234,9 @@ class AvroFileWriter:
         """Add `records` with these spans of offsets and event times to the file's stats."""
         s = self.stats
         s.records += records
-        s.min_offset, s.max_offset = _widen(s.min_offset, s.max_offset, *offsets)
+        s.min_offset, s.max_offset = widen(s.min_offset, s.max_offset, *offsets)
         if event_times is not None:
-            s.min_event_time, s.max_event_time = _widen(
+            s.min_event_time, s.max_event_time = widen(
                 s.min_event_time, s.max_event_time, *event_times
             )
 
@@ -294,8 +297,118 @@ def read_metadata(head: bytes) -> dict[str, str]:
     return {k: v for k, v in reader.metadata.items() if not k.startswith("avro.")}
 
 
-def _widen(low: int | None, high: int | None, lo: int, hi: int) -> tuple[int, int]:
+def widen(low: int | None, high: int | None, lo: int, hi: int) -> tuple[int, int]:
     """The span [low, high] (None: empty) widened to take in [lo, hi]."""
     if low is None or high is None:
         return lo, hi
     return min(low, lo), max(high, hi)
+
+
+# --- merging files block by block --------------------------------------------------------------
+
+_MAGIC = b"Obj\x01"
+
+
+@dataclass(frozen=True)
+class Header:
+    """An Avro container file's header: what a reader needs before the first block."""
+
+    schema: str
+    """The writer schema's JSON as the file holds it."""
+    codec: str
+    metadata: dict[str, str]
+    """The user metadata (`cairn.*`)."""
+    sync: bytes
+
+
+def read_header(f: IO[bytes]) -> Header:
+    """Read a container file's header, leaving `f` at its first block."""
+    if f.read(4) != _MAGIC:
+        raise ValueError("not an Avro container file")
+    entries: dict[str, bytes] = {}
+    while (count := _read_long(f)) != 0:
+        if count < 0:
+            count = -count
+            _read_long(f)  # the block's size in bytes
+        for _ in range(count):
+            key = f.read(_read_long(f)).decode()
+            entries[key] = f.read(_read_long(f))
+    return Header(
+        schema=entries.pop("avro.schema").decode(),
+        codec=entries.pop("avro.codec", b"null").decode(),
+        metadata={k: v.decode() for k, v in entries.items()},
+        sync=f.read(16),
+    )
+
+
+def raw_blocks(f: IO[bytes], header: Header) -> Iterator[tuple[int, bytes]]:
+    """The file's blocks as they are stored: (record count, compressed bytes); never decoded."""
+    while (first := f.read(1)) != b"":
+        count = _read_long(f, first)
+        data = f.read(_read_long(f))
+        if f.read(16) != header.sync:
+            raise ValueError("an Avro block does not end with the file's sync marker")
+        yield count, data
+
+
+class BlockFileWriter:
+    """Write a container file from blocks already encoded and compressed: merging files of one
+    schema and codec costs a copy of their bytes, not a decode and re-encode.
+
+    Blocks spool to a local file (memory stays one block), because the header — schema, codec
+    and metadata that may depend on every block — comes first in the file: `write_to` writes it,
+    then the blocks. `name` seeds the sync marker, so the same blocks give byte-identical files."""
+
+    def __init__(self, name: str) -> None:
+        self._sync = hashlib.blake2b(name.encode(), digest_size=16).digest()
+        self._spool = tempfile.SpooledTemporaryFile(max_size=SYNC_INTERVAL)  # noqa: SIM115
+        self.records = self.bytes = 0
+
+    def append_block(self, count: int, data: bytes) -> None:
+        block = io.BytesIO()
+        _write_long(block, count)
+        _write_long(block, len(data))
+        block.write(data)
+        block.write(self._sync)
+        self._spool.write(block.getvalue())
+        self.records += count
+        self.bytes += block.tell()
+
+    def write_to(self, out: IO[bytes], schema: str, codec: str, metadata: dict[str, str]) -> int:
+        """Write the file (header, then the blocks) to `out`; returns its size."""
+        entries = {"avro.schema": schema.encode(), "avro.codec": codec.encode()}
+        entries |= {k: v.encode() for k, v in sorted(metadata.items())}
+        head = io.BytesIO()
+        head.write(_MAGIC)
+        _write_long(head, len(entries))
+        for key, value in entries.items():
+            _write_long(head, len(key.encode()))
+            head.write(key.encode())
+            _write_long(head, len(value))
+            head.write(value)
+        _write_long(head, 0)
+        head.write(self._sync)
+        out.write(head.getvalue())
+        self._spool.seek(0)
+        shutil.copyfileobj(self._spool, out)
+        self._spool.close()
+        self.bytes += head.tell()
+        return self.bytes
+
+
+def _read_long(f: IO[bytes], first: bytes | None = None) -> int:
+    """Avro's zig-zag varint long."""
+    shift = result = 0
+    while True:
+        byte = first if first is not None else f.read(1)
+        first = None
+        if not byte:
+            raise EOFError("an Avro file ends inside a number")
+        result |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return (result >> 1) ^ -(result & 1)
+        shift += 7
+
+
+def _write_long(out: IO[bytes], value: int) -> None:
+    BinaryEncoder(out).write_long(value)

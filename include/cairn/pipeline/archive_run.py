@@ -106,7 +106,7 @@ def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) 
     token = commit.settle(storage, topic)
     state = cluster.fetch_topic(kafka, topic)
     position = token.next_offsets if token else {}
-    rewound = rewind.rewound_backups(storage, topic, position)
+    rewound = rewind.survey(storage, topic, position)
     planned = plan(
         topic,
         token,
@@ -139,7 +139,7 @@ def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) 
         )
     if planned.empty and not planned.gaps and planned.next_offsets == position:
         return None
-    replaces = rewind.supersedes(storage, topic, rewound, planned.to_read)
+    replaces = rewind.supersedes(rewound, planned.to_read)
 
     def made(claim: commit.Claim) -> Planned:
         return Planned(

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import fastavro
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError
 
-from cairn.datafiles.avro_file import millis, read_metadata
+from cairn.datafiles.avro_file import millis, read_header
+from cairn.datafiles.sealed_file import sources_of
 from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
 from cairn.errors import PermanentError
 from cairn.formats import Registries
@@ -78,6 +79,8 @@ class Source(BaseModel):
     processing_time: datetime
     files: dict[str, str]
     """R's files holding its records, with their versions (`Storage.version`) when selected."""
+    within: dict[str, tuple[NonNegativeInt, NonNegativeInt]] = Field(default_factory=dict)
+    """For a sealed file among them: the offsets its records from this source have."""
 
 
 class Selection(BaseModel):
@@ -130,7 +133,7 @@ def select(
         f: version
         for day in days
         for f, version in day_versions(storage, topic, cfg.path_format, day).items()
-        if f.first_offset < position.get(f.partition, 0)
+        if f.sealed or f.first_offset < position.get(f.partition, 0)  # sealed: complete dates
     }
     if not files:
         return None
@@ -296,48 +299,61 @@ def verify_rebuild(staged: Storage, new_files: list[FileEntry]) -> None:
 
 
 def _sources(storage: Storage, topic: str, files: dict[DataFile, str]) -> list[Source]:
-    """Group R's files by the backup file holding their records (named in each header)."""
+    """Group R's files by the backup file holding their records: named in each file's header,
+    or, for a sealed file, listed there with the offsets each one's records have in it."""
     grouped: dict[str, Source] = {}
     for f, version in files.items():
-        try:
-            meta = read_metadata(storage.read_head(f.key, _HEADER_BYTES))
-        except (EOFError, ValueError):  # a header larger than the first read
-            meta = read_metadata(storage.read(f.key))
-        key, when = meta.get("cairn.source"), meta.get("cairn.processing_time")
-        named = parse_data_key(key) if key else None
-        if named is None or named.kind != "backup" or named.topic != topic or when is None:
-            raise RebuildRefused(
-                f"{f.key} does not name its backup file in its header (written by an older "
-                "Cairn?); nothing was changed. Re-archive the topic under a new generation"
+        with storage.open_read(f.key) as data:
+            meta = read_header(data).metadata
+        spans = sources_of(meta)
+        if spans is None:
+            spans = [(meta.get("cairn.source"), meta.get("cairn.processing_time"), None)]
+        else:
+            spans = [(s.source, s.processing_time, (s.first, s.last)) for s in spans]
+        for key, when, within in spans:
+            named = parse_data_key(key) if key else None
+            if named is None or named.kind != "backup" or named.topic != topic or when is None:
+                raise RebuildRefused(
+                    f"{f.key} does not name its backup file in its header (written by an older "
+                    "Cairn?); nothing was changed. Re-archive the topic under a new generation"
+                )
+            source = grouped.setdefault(
+                key,
+                Source(
+                    key=key,
+                    partition=named.partition,
+                    processing_time=datetime.fromisoformat(when),
+                    files={},
+                ),
             )
-        source = grouped.setdefault(
-            key,
-            Source(
-                key=key,
-                partition=named.partition,
-                processing_time=datetime.fromisoformat(when),
-                files={},
-            ),
-        )
-        source.files[f.key] = version
+            source.files[f.key] = version
+            if within is not None:
+                source.within[f.key] = within
     return sorted(grouped.values(), key=lambda s: (s.partition, s.key))
 
 
 def _offsets(storage: Storage, source: Source) -> Iterator[int]:
-    """The Kafka offsets of the records in `source.files` (partitioned or quarantine)."""
+    """The Kafka offsets of the records in `source.files` (partitioned or quarantine) that came
+    from `source`: all of a run's file, the span `source.within` names in a sealed file."""
     for key in source.files:
         parsed = parse_data_key(key).kind == "partitioned"
         p_field, o_field = (
             ("_kafka_partition", "_kafka_offset") if parsed else ("partition", "offset")
         )
+        within = source.within.get(key)
         with storage.open_read(key) as f:
             for row in fastavro.reader(f):
-                if row[p_field] != source.partition:
+                p, offset = row[p_field], row[o_field]
+                if within is not None:
+                    if p == source.partition and within[0] <= offset <= within[1]:
+                        yield offset
+                    continue
+                if p != source.partition:
                     raise RebuildRefused(
-                        f"{key} holds a record of partition {row[p_field]}, but its header names "
+                        f"{key} holds a record of partition {p}, but its header names "
                         f"{source.key}; nothing was changed"
                     )
-                yield row[o_field]
+                yield offset
 
 
 def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[dict[str, Any]]:

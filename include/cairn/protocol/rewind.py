@@ -20,13 +20,15 @@ topic, into sealed data, or of every token of a `latest` topic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 import fastavro
 
-from cairn.datafiles.avro_file import read_metadata
+from cairn.datafiles.avro_file import read_header, read_metadata
+from cairn.datafiles.sealed_file import sources_of
 from cairn.errors import PermanentError
 from cairn.kafka.cluster import TopicState
 from cairn.pipeline.plan import PlanError, Span, plan
@@ -81,42 +83,55 @@ def backups_from(storage: Storage, topic: str, partition: int, start: int) -> li
     return sorted(found, key=lambda f: (f.first_offset, f.gen))
 
 
-def spans(
-    storage: Storage, rewound: Mapping[int, list[DataFile]], kept: Iterable[str] = ()
-) -> dict[int, list[Span]]:
+@dataclass(frozen=True)
+class Rewound:
+    """What a rewind left at or after a position (`survey`)."""
+
+    backups: dict[int, list[DataFile]]
+    """The rewound backup files, per partition in offset order."""
+    derived: list[DataFile] = field(default_factory=list)
+    """The topic's parsed and quarantine files (listed only when there are rewound backups)."""
+    sealed_sources: set[str] = field(default_factory=set)
+    """Rewound backup files whose records sealed files hold: they are never read again."""
+
+
+def survey(storage: Storage, topic: str, position: Mapping[int, int]) -> Rewound:
+    """The rewound files at or after `position`: cheap when there are none (module doc); after a
+    rewind, also the parsed and quarantine folders, and the headers of the sealed files."""
+    backups = rewound_backups(storage, topic, position)
+    if not backups:
+        return Rewound(backups)
+    derived = []
+    for prefix in data_prefixes(topic)[1:]:
+        derived += [f for f in map(parse_data_key, storage.list(prefix)) if f is not None]
+    rewound = {f.key for files in backups.values() for f in files}
+    sealed = set()
+    for f in derived:
+        if f.sealed:
+            with storage.open_read(f.key) as data:
+                sealed |= {s.source for s in sources_of(read_header(data).metadata) or []}
+    return Rewound(backups, derived, sealed & rewound)
+
+
+def spans(storage: Storage, rewound: Rewound) -> dict[int, list[Span]]:
     """The offsets each rewound backup file holds (its attempt's manifest says; the file itself
-    when that is gone). `kept`: backup keys whose records must not be read again."""
-    keep = set(kept)
+    when that is gone); those whose records are sealed are kept."""
     return {
-        p: [Span(f.first_offset, _last(storage, f), f.key in keep) for f in files]
-        for p, files in rewound.items()
+        p: [Span(f.first_offset, _last(storage, f), f.key in rewound.sealed_sources) for f in files]
+        for p, files in rewound.backups.items()
     }
 
 
-def supersedes(
-    storage: Storage,
-    topic: str,
-    rewound: Mapping[int, list[DataFile]],
-    ranges: Mapping[int, tuple[int, int]],
-) -> list[str]:
-    """Every data file (backup, parsed, quarantine) holding rewound records in `ranges`: what
-    the run's commit replaces. Lists the parsed and quarantine folders only after a rewind."""
-    inside = {
-        p: (start, end)
-        for p, (start, end) in ranges.items()
-        if any(start <= f.first_offset < end for f in rewound.get(p, ()))
-    }
-    if not inside:
-        return []
+def supersedes(rewound: Rewound, ranges: Mapping[int, tuple[int, int]]) -> list[str]:
+    """Every file (backup, parsed, quarantine) holding rewound records in `ranges`: what the
+    run's commit replaces (sealed files are never in a range the run reads: they are kept)."""
     found = []
-    for prefix in data_prefixes(topic):
-        for key in storage.list(prefix):
-            f = parse_data_key(key)
-            if f is None or f.topic != topic or f.partition not in inside:
-                continue
-            start, end = inside[f.partition]
-            if start <= f.first_offset < end:
-                found.append(key)
+    for f in [*(f for files in rewound.backups.values() for f in files), *rewound.derived]:
+        if f.sealed or f.partition not in ranges:
+            continue
+        start, end = ranges[f.partition]
+        if start <= f.first_offset < end:
+            found.append(f.key)
     return sorted(found)
 
 
@@ -136,7 +151,7 @@ def refusal(
             "records where its archive began, so a rewind keeps it (--to-seq 1)"
         )
     position = target.next_offsets if target else {}
-    rewound = rewound_backups(storage, topic, position)
+    rewound = survey(storage, topic, position)
     try:
         planned = plan(
             topic,

@@ -60,6 +60,18 @@ class Rebuilt(BaseModel):
     """The backup files it re-parsed."""
 
 
+class Sealed(BaseModel):
+    """What a seal token did: the date whose files it merged (its proof is in the date folder's
+    `_SEALED` and in the attempt's manifest)."""
+
+    date: date
+    files_before: NonNegativeInt
+    files_after: NonNegativeInt
+    partitioned: NonNegativeInt
+    quarantined: NonNegativeInt
+    checksum: str
+
+
 class Token(BaseModel):
     """One commit: the position after it, and what it did to the data folders.
 
@@ -98,6 +110,7 @@ class Token(BaseModel):
     planned_at: datetime | None = None
     gaps: list[Gap] = Field(default_factory=list)
     rebuilt: Rebuilt | None = None
+    sealed: Sealed | None = None
 
 
 def read(storage: Storage, topic: str, seq: int) -> Token | None:

@@ -325,10 +325,12 @@ def proof_key(topic: str, folder: str) -> str:
     return f"partitioned/{check_topic(topic)}/{folder}/{SEALED_MARKER}"
 
 
-def table_file_name(day: date, attempt_id: str, n: int) -> str:
-    """A table data file of `day`, written by seal attempt `attempt_id`, relative to the
-    table's location (Hive-style, as Iceberg lays out an identity partition)."""
-    return f"data/_event_date={day.isoformat()}/{check_id(attempt_id)}-{n:05d}.parquet"
+def table_file_name(day: date, attempt_id: str, folder: int, chunk: int) -> str:
+    """A table data file of `day`: chunk `chunk` of folder `folder` of seal attempt
+    `attempt_id`, relative to the table's location (Hive-style, as Iceberg lays out an identity
+    partition)."""
+    name = f"{check_id(attempt_id)}-{folder:05d}-{chunk:03d}.parquet"
+    return f"data/_event_date={day.isoformat()}/{name}"
 
 
 def status_folder(topic: str) -> str:

@@ -1,0 +1,146 @@
+"""A sealed date's proof of completeness, and the checksum it carries.
+
+Sealing a date (`cairn.pipeline.seal`) counts, per Kafka partition and backup file, the offsets
+whose records are in the date (`SourceTally`), and sums a checksum share of every record. The
+proof (`Proof`) is stored in the date folder as `_SEALED` and, in short, in the table
+snapshot's summary (`table_summary`); `python -m cairn verify --date` recomputes it from the
+files, the backup and the tokens (`cairn.views.proof`).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, NonNegativeInt, ValidationError
+
+from cairn.datafiles.sealed_file import SourceSpan
+from cairn.storage.layout import DataKind, date_folder, proof_key
+from cairn.storage.objects import Storage
+
+if TYPE_CHECKING:
+    from cairn.config import TopicConfig
+
+CHECKSUM_MODULUS = 4_294_967_291
+"""A record's share of a date's checksum is `((partition * 1000003 + offset) * 2654435761) mod`
+this prime: a number below 2**32 that Spark SQL and Python both compute exactly, so the sum
+over a date's records (and their count) changes when any record goes missing or doubles."""
+
+
+def checksum_share(partition: int, offset: int) -> int:
+    """One record's share of its date's checksum (see `CHECKSUM_MODULUS`)."""
+    return ((partition * 1000003 + offset) * 2654435761) % CHECKSUM_MODULUS
+
+
+class Proof(BaseModel):
+    """A sealed date's proof of completeness (`_SEALED`, and the table snapshot's summary): which
+    Kafka offsets fed the date and how many records each output holds, so anyone can check it
+    again against the files, the backup and the tokens (`cairn.views.proof`)."""
+
+    topic: str
+    date: date
+    partitions: dict[NonNegativeInt, list[SourceSpan]]
+    """Per Kafka partition, the backup files (and their offsets) whose records are in the date."""
+    partitioned: NonNegativeInt
+    quarantined: NonNegativeInt
+    checksum: str
+    """The sum of the date's records' checksum shares (`checksum_share`)."""
+    files_before: NonNegativeInt
+    files_after: NonNegativeInt
+    token_seq: NonNegativeInt = 0
+    table: str | None = None
+    table_records: NonNegativeInt | None = None
+    snapshot_id: int | None = None
+    sealed_at: datetime | None = None
+
+
+def write_proof(storage: Storage, cfg: TopicConfig, proof: Proof) -> str:
+    """Store the proof in the date folder (`_SEALED`): the last step of a seal."""
+    key = proof_key(cfg.topic, date_folder(cfg.path_format, proof.date))
+    stamped = proof.model_copy(update={"sealed_at": datetime.now(UTC)})
+    storage.write(key, stamped.model_dump_json(indent=2).encode())
+    return key
+
+
+def read_proof(storage: Storage, cfg: TopicConfig, day: date) -> Proof | None:
+    """A date's proof, if it was sealed (None if not, or unreadable)."""
+    folder = date_folder(cfg.path_format, day)
+    if folder is None:
+        return None
+    try:
+        return Proof.model_validate_json(storage.read(proof_key(cfg.topic, folder)))
+    except (FileNotFoundError, ValidationError, ValueError):
+        return None
+
+
+def table_summary(proof: Proof) -> dict[str, str]:
+    """The table snapshot's summary: the proof, as Iceberg's Kafka Connect sink records its
+    offsets (string values, `cairn.` names)."""
+    ranges = {
+        str(p): [[s.first, s.last] for s in spans] for p, spans in sorted(proof.partitions.items())
+    }
+    return {
+        "cairn.topic": proof.topic,
+        "cairn.date": proof.date.isoformat(),
+        "cairn.seq": str(proof.token_seq),
+        "cairn.records": str(proof.partitioned),
+        "cairn.quarantined": str(proof.quarantined),
+        "cairn.checksum": proof.checksum,
+        "cairn.offsets": json.dumps(ranges, separators=(",", ":")),
+    }
+
+
+class SourceTally:
+    """Per backup file and Kafka partition: the offsets and records seen, and the checksum."""
+
+    def __init__(self, kind: DataKind) -> None:
+        self.fields = ("_kafka_partition", "_kafka_offset")
+        if kind != "partitioned":
+            self.fields = ("partition", "offset")
+        self.found: dict[tuple[str | None, int], list] = {}
+        self.records = self.checksum = 0
+
+    def add(self, record: dict, source: tuple[str | None, str | None]) -> None:
+        """Count a record of `kind` that came from backup file `source` (its key, and the
+        processing time it was parsed with)."""
+        p, o = record[self.fields[0]], record[self.fields[1]]
+        source, when = source
+        span = self.found.get((source, p))
+        if span is None:
+            self.found[source, p] = [o, o, 1, when]
+        else:
+            span[0], span[1], span[2] = min(span[0], o), max(span[1], o), span[2] + 1
+        self.records += 1
+        self.checksum += checksum_share(p, o)
+
+    def merge(self, other: SourceTally) -> None:
+        for key, (first, last, n, when) in other.found.items():
+            mine = self.found.get(key)
+            self.found[key] = (
+                [first, last, n, when]
+                if mine is None
+                else [min(mine[0], first), max(mine[1], last), mine[2] + n, when]
+            )
+        self.records += other.records
+        self.checksum += other.checksum
+
+    def spans(self) -> list[SourceSpan]:
+        return [
+            SourceSpan(source=s, processing_time=w, partition=p, first=f, last=la, records=n)
+            for (s, p), (f, la, n, w) in sorted(
+                self.found.items(), key=lambda item: (item[0][1], item[1][0])
+            )
+        ]
+
+
+def merged(before: SourceSpan | None, span: SourceSpan) -> SourceSpan:
+    if before is None:
+        return span
+    return before.model_copy(
+        update={
+            "first": min(before.first, span.first),
+            "last": max(before.last, span.last),
+            "records": before.records + span.records,
+        }
+    )

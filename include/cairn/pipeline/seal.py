@@ -1,0 +1,520 @@
+"""Sealing: a complete date of a topic becomes a few large files, its partition of the topic's
+Iceberg table, and a proof of completeness.
+
+Archive runs leave a date in many small files (one per Kafka partition, event-time folder and
+run, plus late records). Once the date is complete (`cairn.pipeline.completeness`), sealing it
+is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the seal DAG
+runs them; `seal_folder` runs on Spark executors, one task per folder):
+
+1. `select`: the date's files — its partitioned folders and the quarantine of that processing
+   date — with their versions. A date already sealed is sealed again only when its unsealed part
+   (late records, a rebuild) reaches `reseal_files` files or `reseal_mb`. Claims a seal attempt
+   that holds the selection.
+2. The Spark job: `seal_folder` merges each folder's files block by block, without decoding a
+   record, into files of at most `seal_target_file_mb` named `<gen>_sealed_<n>.avro` in the
+   attempt's staging (files written with another schema are decoded and re-encoded to the
+   newest one). Each sealed file's header names the backup files its records came from and
+   their offsets, so it stays re-derivable from the backup (`cairn.pipeline.rebuild`). Spark then
+   reads the date's parsed records once to write the table's Parquet files and to count, per
+   Kafka partition and backup file, the offsets that fed the date (the proof).
+3. `commit_seal`: checks that the sealed files hold exactly the records of the files they
+   replace, commits (the files replaced must still be the ones selected), replaces the date's
+   partition of the topic's table in one snapshot whose summary carries the topic, the token and
+   the offsets (`cairn.table.iceberg`), and writes the proof `_SEALED` into the date folder.
+
+Backup files are not merged: they are named after the Kafka coordinates of their first record,
+one per run and partition, which is what lets a record's coordinates name its backup file and a
+rewind find what it takes back; merging them would trade that away for fewer, larger files in a
+folder that only re-derivations and audits read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from bisect import bisect_right
+from collections import defaultdict
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Literal
+
+import fastavro
+import pyarrow as pa
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
+
+from cairn.datafiles.avro_file import (
+    QUARANTINE_SCHEMA,
+    Header,
+    raw_blocks,
+    read_header,
+)
+from cairn.datafiles.parquet_file import (
+    EVENT_DATE,
+    ParquetFileWriter,
+    avro_to_arrow,
+    json_fields,
+)
+from cairn.datafiles.sealed_file import (
+    ReEncoded,
+    SealedFileWriter,
+    SourceSpan,
+    canonical,
+    sources_of,
+)
+from cairn.errors import PermanentError
+from cairn.formats.base import output_schema
+from cairn.pipeline import completeness
+from cairn.pipeline.proof import Proof, SourceTally, merged, table_summary, write_proof
+from cairn.pipeline.rebuild import day_versions
+from cairn.protocol import commit
+from cairn.protocol.tokens import Sealed, Token
+from cairn.storage.layout import (
+    kind_folder,
+    manifest_key,
+    parse_data_key,
+    sealed_file_name,
+    table_file_name,
+)
+from cairn.storage.objects import Storage
+from cairn.table import iceberg
+from cairn.table.iceberg import IcebergCatalog, TableTarget
+
+if TYPE_CHECKING:
+    from cairn.config import TopicConfig
+
+
+class SealRefused(PermanentError):
+    """The sealed files would not hold exactly the records of the files they replace."""
+
+
+class SealInput(BaseModel):
+    key: str
+    version: str
+    bytes: NonNegativeInt
+
+
+class SealFolder(BaseModel):
+    """One folder of the date and the files sealing merges there."""
+
+    kind: Literal["partitioned", "quarantine"]
+    folder: str
+    inputs: list[SealInput]
+
+
+class Selection(BaseModel):
+    """What one seal merges; stored in its claim."""
+
+    claim: commit.Claim
+    date: date
+    folders: list[SealFolder]
+    target_bytes: PositiveInt
+    generation: PositiveInt
+    output_schema_json: str
+    """The partitioned files' schema now: what a folder's sealed files are written with."""
+    table: TableTarget | None = None
+
+    @property
+    def manifest_key(self) -> str:
+        return manifest_key(self.claim.topic, self.claim.attempt_id)
+
+    def schema_of(self, kind: str) -> dict:
+        """The schema a folder of `kind` is sealed with."""
+        return json.loads(self.output_schema_json) if kind == "partitioned" else QUARANTINE_SCHEMA
+
+    def table_schema(self) -> pa.Schema:
+        """The schema of the date's table files: the parsed records and `_event_date`."""
+        parsed = avro_to_arrow(self.schema_of("partitioned"))
+        return parsed.append(pa.field(EVENT_DATE, pa.date32(), False))
+
+    @property
+    def inputs(self) -> dict[str, SealInput]:
+        return {i.key: i for f in self.folders for i in f.inputs}
+
+
+class SealedFile(BaseModel):
+    key: str
+    records: NonNegativeInt
+    bytes: NonNegativeInt
+
+
+class TableFile(BaseModel):
+    path: str
+    """Relative to the table's location."""
+    records: NonNegativeInt
+
+
+class FolderResult(BaseModel):
+    """What `seal_folder` wrote for one folder and what it read."""
+
+    kind: Literal["partitioned", "quarantine"]
+    folder: str
+    files: list[SealedFile]
+    table_files: list[TableFile] = Field(default_factory=list)
+    records_read: NonNegativeInt = 0
+    spans: list[SourceSpan] = Field(default_factory=list)
+    checksum: NonNegativeInt = 0
+
+
+class SealAttempt(BaseModel):
+    """What a seal's Spark job staged and counted: its attempt manifest."""
+
+    topic: str
+    attempt_id: str
+    folders: list[FolderResult]
+    created_at: datetime
+
+    @property
+    def sealed(self) -> list[SealedFile]:
+        return [f for folder in self.folders for f in folder.files]
+
+    def proof(self, chosen: Selection) -> Proof:
+        spans: dict[tuple[str | None, int], SourceSpan] = {}
+        for folder in self.folders:
+            for span in folder.spans:
+                spans[span.source, span.partition] = merged(
+                    spans.get((span.source, span.partition)), span
+                )
+        partitions: dict[int, list[SourceSpan]] = defaultdict(list)
+        for span in sorted(spans.values(), key=lambda s: (s.partition, s.first)):
+            partitions[span.partition].append(span)
+
+        def records(kind: str) -> int:
+            return sum(f.records_read for f in self.folders if f.kind == kind)
+
+        return Proof(
+            topic=self.topic,
+            date=chosen.date,
+            partitions=dict(partitions),
+            partitioned=records("partitioned"),
+            quarantined=records("quarantine"),
+            checksum=str(sum(f.checksum for f in self.folders)),
+            files_before=sum(len(f.inputs) for f in chosen.folders),
+            files_after=sum(len(f.files) for f in self.folders),
+        )
+
+
+def select(
+    storage: Storage,
+    cfg: TopicConfig,
+    day: date,
+    run_id: str,
+    table: TableTarget | None = None,
+) -> Selection | None:
+    """Claim a seal of `day`; None if it is not complete, has no files, or its unsealed part is
+    below the re-seal threshold."""
+    topic = cfg.topic
+    through = completeness.load_state(storage, topic).through
+    if through is None or day > through:
+        return None
+    files = day_versions(storage, topic, cfg.path_format, day)
+    unsealed = [f for f in files if not f.sealed]
+    if not unsealed:
+        return None
+    if len(unsealed) < len(files):  # sealed before: again only past the threshold
+        late = sum(_size(files[f]) for f in unsealed)
+        if len(unsealed) < cfg.reseal_files and late < cfg.reseal_mb * 2**20:
+            return None
+    folders: dict[tuple[str, str], list[SealInput]] = defaultdict(list)
+    for f, version in sorted(files.items(), key=lambda item: item[0].key):
+        folders[f.kind, f.folder].append(
+            SealInput(key=f.key, version=version, bytes=_size(version))
+        )
+    newest = commit.settle(storage, topic)
+
+    def made(claim: commit.Claim) -> Selection:
+        return Selection(
+            claim=claim,
+            date=day,
+            folders=[SealFolder(kind=k, folder=f, inputs=i) for (k, f), i in folders.items()],
+            target_bytes=cfg.seal_target_file_mb * 2**20,
+            generation=cfg.generation,
+            output_schema_json=json.dumps(output_schema(cfg.user_schema or {}), sort_keys=True),
+            table=table,
+        )
+
+    claim = commit.claim(
+        storage, topic, "seal", newest, run_id, lambda c: made(c).model_dump_json().encode()
+    )
+    return made(claim)
+
+
+def load_selection(storage: Storage, claim_key: str) -> Selection:
+    return Selection.model_validate_json(storage.read(claim_key))
+
+
+def seal_folder(
+    chosen: Selection,
+    index: int,
+    codec: str,
+    storage: Storage,
+    staged: Storage,
+    table: Storage | None,
+) -> FolderResult:
+    """Merge folder `index` of the selection into sealed files of at most its target size, and
+    write its parsed records to the table's Parquet files (a Spark task, one per folder).
+
+    Blocks of files written with the folder's schema and `codec` are copied as they are; other
+    files' records are re-encoded. Every record is also decoded once, to count which backup
+    file's offsets fed the date (the proof) and to fill the table file. Memory: a few blocks and
+    one row group. Names depend only on the selection, so a retry writes the same files."""
+    folder = chosen.folders[index]
+    schema = chosen.schema_of(folder.kind)
+    same_schema = canonical(json.dumps(schema))
+    result = FolderResult(kind=folder.kind, folder=folder.folder, files=[])
+    whole = SourceTally(folder.kind)
+    with contextlib.ExitStack() as uploads:
+        rows = None
+        if table is not None and folder.kind == "partitioned":
+            rows = _TableRows(table, chosen, index, uploads)
+        chunk, in_chunk = _sealed(chosen, folder, schema, codec, 0), SourceTally(folder.kind)
+        for item in folder.inputs:
+            part = SourceTally(folder.kind)
+            with storage.open_read(item.key) as data:
+                header = read_header(data)
+                copy = header.codec == codec and canonical(header.schema) == same_schema
+                if copy:
+                    for count, block in raw_blocks(data, header):
+                        chunk.blocks.append_block(count, block)
+            with storage.open_read(item.key) as data:
+                sources = _Sources(header, item.key)
+                reencoded = None if copy else ReEncoded(schema, codec, item.key)
+                for record in fastavro.reader(data, reader_schema=schema):
+                    part.add(record, sources.of(record, folder.kind))
+                    if reencoded is not None:
+                        reencoded.add(record)
+                    if rows is not None:
+                        rows.add(record)
+                if reencoded is not None:
+                    reencoded.copy_to(chunk.blocks)
+            in_chunk.merge(part)
+            whole.merge(part)
+            if chunk.blocks.bytes >= chosen.target_bytes:
+                result.files.append(_closed(chunk, in_chunk, staged))
+                chunk = _sealed(chosen, folder, schema, codec, len(result.files))
+                in_chunk = SourceTally(folder.kind)
+        if chunk.blocks.records or not result.files:
+            result.files.append(_closed(chunk, in_chunk, staged))
+        if rows is not None:
+            result.table_files = rows.close()
+    result.records_read, result.checksum = whole.records, whole.checksum
+    result.spans = whole.spans()
+    return result
+
+
+def _sealed(
+    chosen: Selection, folder: SealFolder, schema: dict, codec: str, n: int
+) -> SealedFileWriter:
+    key = kind_folder(folder.kind, chosen.claim.topic, folder.folder)
+    return SealedFileWriter(key + sealed_file_name(chosen.generation, n), schema, codec)
+
+
+def _closed(chunk: SealedFileWriter, tally: SourceTally, staged: Storage) -> SealedFile:
+    size = chunk.close(staged, tally.spans())
+    return SealedFile(key=chunk.key, records=chunk.blocks.records, bytes=size)
+
+
+def save_attempt(storage: Storage, chosen: Selection, folders: list[FolderResult]) -> str:
+    """Store what the Spark job staged (the commit task reads it), while the claim is live."""
+    attempt = SealAttempt(
+        topic=chosen.claim.topic,
+        attempt_id=chosen.claim.attempt_id,
+        folders=folders,
+        created_at=datetime.now(UTC),
+    )
+    commit.check_live(storage, chosen.claim)
+    storage.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
+    return chosen.manifest_key
+
+
+def load_attempt(storage: Storage, key: str) -> SealAttempt:
+    try:
+        return SealAttempt.model_validate_json(storage.read(key))
+    except (ValidationError, ValueError) as err:
+        raise SealRefused(f"seal manifest {key} is unreadable: {err}") from None
+
+
+def commit_seal(storage: Storage, cfg: TopicConfig, chosen: Selection) -> tuple[Token, Proof]:
+    """Replace the date's files by the sealed ones through the one commit site, or refuse and
+    change nothing. Returns the seal's token and the date's proof (without the table's part,
+    `cairn.table.iceberg` adds it). Safe to retry: a seal that committed returns its token."""
+    claim = chosen.claim
+
+    def change() -> commit.Change:
+        attempt = load_attempt(storage, chosen.manifest_key)
+        _check(storage, chosen, attempt)
+        proof = attempt.proof(chosen)
+        sealed = {f.key: f.bytes for f in attempt.sealed}
+        inputs = {key: i.version for key, i in chosen.inputs.items()}
+        return commit.Change(
+            requirements=[
+                commit.NotRewound(),
+                commit.FilesCurrent(inputs),
+                commit.NothingOverwritten(sealed, inputs),
+            ],
+            adds=sealed,
+            replaces=sorted(inputs),
+            fields={
+                "generation": chosen.generation,
+                "manifest": chosen.manifest_key,
+                "sealed": Sealed(
+                    date=chosen.date,
+                    files_before=proof.files_before,
+                    files_after=proof.files_after,
+                    partitioned=proof.partitioned,
+                    quarantined=proof.quarantined,
+                    checksum=proof.checksum,
+                ),
+            },
+        )
+
+    try:
+        token = commit.commit(storage, claim, change)
+    except PermanentError:
+        commit.discard(storage, claim)
+        raise
+    proof = load_attempt(storage, chosen.manifest_key).proof(chosen)
+    return token, proof.model_copy(update={"token_seq": token.seq})
+
+
+def table_files(storage: Storage, chosen: Selection) -> list[TableFile]:
+    return [t for f in load_attempt(storage, chosen.manifest_key).folders for t in f.table_files]
+
+
+def _check(storage: Storage, chosen: Selection, attempt: SealAttempt) -> None:
+    """Every sealed file is staged with its size, and each folder's sealed files hold exactly
+    the records its inputs held."""
+    problems = []
+    if attempt.attempt_id != chosen.claim.attempt_id:
+        problems.append(f"the manifest belongs to {attempt.attempt_id}")
+    done = {(f.kind, f.folder): f for f in attempt.folders}
+    staged = commit.staged(storage, chosen.claim)
+    for folder in chosen.folders:
+        result = done.get((folder.kind, folder.folder))
+        if result is None:
+            problems.append(f"{folder.kind} folder {folder.folder} was not sealed")
+            continue
+        if sum(f.records for f in result.files) != result.records_read:
+            problems.append(f"{folder.folder}: sealed files do not hold the records read")
+        for f in result.files:
+            named = parse_data_key(f.key)
+            if named is None or not named.sealed or named.folder != folder.folder:
+                problems.append(f"{f.key} is not a sealed file of {folder.folder}")
+            elif not staged.exists(f.key) or staged.size(f.key) != f.bytes:
+                problems.append(f"{f.key} is missing or has another size than {f.bytes}")
+    if problems:
+        raise SealRefused(
+            f"{chosen.claim.label} {chosen.date}: {'; '.join(problems[:5])}; nothing was changed"
+        )
+
+
+def _size(version: str) -> int:
+    """The size in a `Storage.version`."""
+    return int(version.split(":", 1)[0])
+
+
+class _Sources:
+    """Which backup file a record of one input file came from: its header names it (a run's or
+    a rebuild's file), or lists them with their offsets (a file sealed before)."""
+
+    def __init__(self, header: Header, key: str) -> None:
+        self.one = header.metadata.get("cairn.source")
+        self.processing_time = header.metadata.get("cairn.processing_time")
+        spans = sources_of(header.metadata) or []
+        self.spans: dict[int, list[SourceSpan]] = defaultdict(list)
+        for span in sorted(spans, key=lambda s: s.first):
+            self.spans[span.partition].append(span)
+        self.key = key
+
+    def of(self, record: dict, kind: str) -> tuple[str | None, str | None]:
+        """The backup file (and the processing time it was parsed with) of `record`."""
+        if not self.spans:
+            return self.one, self.processing_time
+        fields = ("_kafka_partition", "_kafka_offset") if kind == "partitioned" else None
+        partition, offset = (
+            (record[fields[0]], record[fields[1]])
+            if fields
+            else (record["partition"], record["offset"])
+        )
+        candidates = self.spans.get(partition, [])
+        i = bisect_right([s.first for s in candidates], offset) - 1
+        if i < 0 or offset > candidates[i].last:
+            raise SealRefused(
+                f"{self.key}: record {partition}@{offset} is in no backup file its header lists"
+            )
+        return candidates[i].source, candidates[i].processing_time
+
+
+class _TableRows:
+    """A folder's parsed records as the table's Parquet files, with the date as `_event_date`."""
+
+    def __init__(
+        self, table: Storage, chosen: Selection, index: int, uploads: contextlib.ExitStack
+    ) -> None:
+        self.table, self.chosen, self.index, self.uploads = table, chosen, index, uploads
+        self.schema = chosen.table_schema()
+        self.json = json_fields(chosen.schema_of("partitioned"))
+        self.rows: list[dict] = []
+        self.files: list[TableFile] = []
+        self.writer: ParquetFileWriter | None = None
+
+    def add(self, record: dict) -> None:
+        record[EVENT_DATE] = self.chosen.date
+        for name in self.json:
+            if record.get(name) is not None:
+                record[name] = json.dumps(record[name], default=str)
+        self.rows.append(record)
+        if len(self.rows) >= 10_000:
+            self._flush()
+
+    def close(self) -> list[TableFile]:
+        """Finish the table file (its upload completes when the task's uploads do)."""
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+            self.files.append(TableFile(path=self.path, records=self.writer.stats.records))
+        return self.files
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        if self.writer is None:
+            chosen = self.chosen
+            self.path = table_file_name(chosen.date, chosen.claim.attempt_id, self.index, 0)
+            out = self.uploads.enter_context(self.table.open_write(self.path))
+            self.writer = ParquetFileWriter(out, self.schema, "_kafka_offset")
+        self.writer.write_batch(pa.RecordBatch.from_pylist(self.rows, schema=self.schema))
+        self.rows = []
+
+
+def finish_seal(
+    storage: Storage, cfg: TopicConfig, chosen: Selection, table: IcebergCatalog | None
+) -> Proof:
+    """The seal's commit task: commit the sealed files (`commit_seal`), replace the date in the
+    topic's Iceberg table (`table`, the catalog), and write the date's proof. Safe to retry at
+    any point. A seal refused leaves no table file behind."""
+    try:
+        _, proof = commit_seal(storage, cfg, chosen)
+    except PermanentError:
+        if chosen.table is not None and table is not None:
+            for f in table_files(storage, chosen):
+                iceberg.delete_file(table, chosen.table, f.path)
+        raise
+    if chosen.table is not None and table is not None:
+        files = [f.path for f in table_files(storage, chosen)]
+        done = iceberg.replace_date(
+            table,
+            chosen.table,
+            chosen.table_schema(),
+            chosen.date,
+            files,
+            chosen.claim.attempt_id,
+            table_summary(proof),
+        )
+        proof = proof.model_copy(
+            update={
+                "table": chosen.table.identifier,
+                "table_records": done.records,
+                "snapshot_id": done.snapshot_id,
+            }
+        )
+    write_proof(storage, cfg, proof)
+    return proof

@@ -1,0 +1,233 @@
+"""Sealing dates on a real local archive root committed the way the pipeline commits it: the
+merged files hold exactly the records they replace, the proof counts them, a date is sealed
+again only past its threshold, and the table gets the date in one snapshot (pyiceberg's
+SqlCatalog on SQLite here; the integration tests use the stack's PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import date
+
+import fastavro
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from cairn.kafka.cluster import TopicState
+from cairn.pipeline import completeness, seal
+from cairn.pipeline import proof as proof_of
+from cairn.pipeline.plan import Watermarks, plan
+from cairn.protocol import commit, rewind, tokens
+from cairn.storage.layout import parse_data_key
+from cairn.storage.objects import Storage
+from cairn.table.iceberg import TableTarget, date_snapshot
+from tests.unit.conftest import archive_records
+from tests.unit.test_rebuild import D1, D2, D3, TOPIC, at, build_archive, config, rebuild, rec
+
+
+def complete_through(storage: Storage, day: date) -> None:
+    """Mark every date up to `day` complete, as the archive DAG's complete task would."""
+    completeness.save_state(storage, completeness.State(topic=TOPIC, through=day))
+
+
+def sealed(storage: Storage, cfg, day: date, catalog=None, table=None) -> proof_of.Proof | None:
+    """One seal as the seal DAG drives it: select, every folder's task, the commit task."""
+    chosen = seal.select(storage, cfg, day, "seal-run", table=table)
+    if chosen is None:
+        return None
+    staged = commit.staged(storage, chosen.claim)
+    where = Storage(table.location) if table else None
+    results = [
+        seal.seal_folder(chosen, i, cfg.codec, storage, staged, where)
+        for i in range(len(chosen.folders))
+    ]
+    seal.save_attempt(storage, chosen, results)
+    return seal.finish_seal(storage, cfg, chosen, catalog)
+
+
+def day_records(storage: Storage, day: date) -> Counter:
+    """(kind, partition, offset) of every record in the date's files, as a reader sees them."""
+    found: Counter = Counter()
+    for key in storage.list():
+        f = parse_data_key(key)
+        if f is None or f.kind == "backup" or f"dt={day}" not in f.folder:
+            continue
+        with storage.open_read(key) as data:
+            for row in fastavro.reader(data):
+                if f.kind == "partitioned":
+                    found["p", row["_kafka_partition"], row["_kafka_offset"]] += 1
+                else:
+                    found["q", row["partition"], row["offset"]] += 1
+    return found
+
+
+def day_files(storage: Storage, day: date) -> list[str]:
+    return [
+        k
+        for k in storage.list()
+        if (f := parse_data_key(k)) and f.kind != "backup" and f"dt={day}" in f.folder
+    ]
+
+
+def test_a_complete_date_becomes_one_sealed_file_per_folder_holding_exactly_its_records(
+    tmp_path, storage
+):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    before, files_before = day_records(storage, D2), day_files(storage, D2)
+
+    proof = sealed(storage, cfg, D2)
+
+    after = day_files(storage, D2)
+    assert day_records(storage, D2) == before
+    assert all(parse_data_key(k).sealed for k in after)
+    assert len(after) == len({parse_data_key(k).folder for k in files_before})
+    assert (proof.files_before, proof.files_after) == (len(files_before), len(after))
+    assert proof.partitioned == sum(1 for k in before if k[0] == "p")
+    assert proof.quarantined == sum(1 for k in before if k[0] == "q")
+    shares = sum(proof_of.checksum_share(p, o) for _, p, o in before)
+    assert proof.checksum == str(shares)
+    token = commit.newest(storage, TOPIC)
+    assert (token.kind, token.sealed.date, token.next_offsets) == ("seal", D2, {0: 11, 1: 7})
+    assert proof_of.read_proof(storage, cfg, D2) == proof.model_copy(
+        update={"sealed_at": proof_of.read_proof(storage, cfg, D2).sealed_at}
+    )
+    assert not storage.list("_attempts/")
+
+
+def test_the_proof_names_every_backup_file_and_offsets_that_fed_the_date(tmp_path, storage):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+
+    proof = sealed(storage, cfg, D2)
+
+    sources = {
+        (p, s.source, s.first, s.last, s.records) for p, ss in proof.partitions.items() for s in ss
+    }
+    assert sources == {
+        (0, f"backup/{TOPIC}/partition=0/1_0_{0:020d}.avro", 2, 4, 3),
+        (0, f"backup/{TOPIC}/partition=0/1_0_{5:020d}.avro", 5, 5, 1),
+        (1, f"backup/{TOPIC}/partition=1/1_1_{0:020d}.avro", 1, 2, 2),
+        (1, f"backup/{TOPIC}/partition=1/1_1_{3:020d}.avro", 4, 4, 1),
+    }
+
+
+def test_a_date_not_complete_or_already_sealed_is_not_sealed(tmp_path, storage):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D1)
+
+    assert sealed(storage, cfg, D2) is None  # not complete yet
+    assert sealed(storage, cfg, D1) is not None
+    assert sealed(storage, cfg, D1) is None  # nothing left to seal
+
+
+def test_late_records_are_sealed_again_only_past_the_threshold_and_never_doubled(tmp_path, storage):
+    cfg = config(tmp_path, reseal_files=2)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    sealed(storage, cfg, D2)
+    archive_records(storage, cfg, at("2024-06-05T00:00"), [rec(0, 11, "2024-06-02T09:00:00Z")])
+    one_late = day_records(storage, D2)
+
+    assert sealed(storage, cfg, D2) is None  # one late file: below reseal_files
+    archive_records(storage, cfg, at("2024-06-05T01:00"), [rec(1, 7, "2024-06-02T10:00:00Z")])
+    before = day_records(storage, D2)
+    proof = sealed(storage, cfg, D2)
+
+    assert len(before) == len(one_late) + 1 and day_records(storage, D2) == before
+    assert all(parse_data_key(k).sealed for k in day_files(storage, D2))
+    assert proof.partitioned == sum(1 for k in before if k[0] == "p")
+
+
+def test_a_seal_whose_files_changed_meanwhile_changes_nothing(tmp_path, storage):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    chosen = seal.select(storage, cfg, D2, "seal-run")
+    staged = commit.staged(storage, chosen.claim)
+    results = [
+        seal.seal_folder(chosen, i, cfg.codec, storage, staged, None)
+        for i in range(len(chosen.folders))
+    ]
+    seal.save_attempt(storage, chosen, results)
+    other = sealed(storage, cfg, D2)  # another seal of the date commits first
+    before = day_records(storage, D2), day_files(storage, D2)
+
+    with pytest.raises(commit.Conflict, match="the files it replaces changed"):
+        seal.finish_seal(storage, cfg, chosen, None)
+
+    assert other is not None and (day_records(storage, D2), day_files(storage, D2)) == before
+    assert [t.kind for t in tokens.list_tokens(storage, TOPIC)].count("seal") == 1
+
+
+def test_the_table_gets_the_sealed_date_in_one_snapshot_and_a_second_seal_replaces_it(
+    tmp_path, storage
+):
+    cfg = config(tmp_path, reseal_files=1)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    catalog = SqlCatalog(
+        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
+    )
+    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+
+    proof = sealed(storage, cfg, D2, catalog, table)
+
+    rows = catalog.load_table("cairn.orders").scan().to_arrow()
+    assert proof.table_records == rows.num_rows == proof.partitioned
+    assert set(rows.column("_event_date").to_pylist()) == {D2}
+    summary = date_snapshot(catalog, TOPIC, D2)
+    assert (
+        summary["cairn.seq"] == str(proof.token_seq) and summary["cairn.checksum"] == proof.checksum
+    )
+    archive_records(storage, cfg, at("2024-06-05T00:00"), [rec(0, 11, "2024-06-02T09:00:00Z")])
+    again = sealed(storage, cfg, D2, catalog, table)
+    table_now = catalog.load_table("cairn.orders")
+    assert again.table_records == table_now.scan().to_arrow().num_rows == proof.partitioned + 1
+    assert table_now.current_snapshot().summary.operation.value == "overwrite"
+
+
+def test_a_rebuild_of_a_sealed_date_re_derives_its_records_from_the_backup(tmp_path, storage):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    sealed(storage, cfg, D2)
+    before = day_records(storage, D2)
+
+    done = rebuild(storage, config(tmp_path, generation=2), D2)
+
+    assert done.removed and all(parse_data_key(k).sealed for k in done.removed)
+    assert day_records(storage, D2) == before
+    assert {parse_data_key(k).gen for k in day_files(storage, D2)} == {2}
+    assert not any(parse_data_key(k).sealed for k in day_files(storage, D2))
+
+
+def test_a_rewind_into_a_sealed_date_keeps_the_sealed_records_and_the_cli_refuses_it(
+    tmp_path, storage
+):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    sealed(storage, cfg, D2)
+    state = TopicState("id", {0: Watermarks(0, 11), 1: Watermarks(0, 7)}, False)
+
+    with pytest.raises(rewind.RewindRefused, match="sealed"):
+        rewind.rewind(storage, cfg, state, count=2)
+    rewind.rewind(storage, cfg, None, count=2)  # by hand: tokens 2 and 3 (and the seal) go
+    found = rewind.survey(storage, TOPIC, commit.newest(storage, TOPIC).next_offsets)
+    planned = plan(
+        "orders",
+        commit.newest(storage, TOPIC),
+        state.watermarks,
+        100,
+        "earliest",
+        False,
+        rewound=rewind.spans(storage, found),
+    )
+
+    kept = {f.key for files in found.backups.values() for f in files} & found.sealed_sources
+    assert kept and planned.adopted
