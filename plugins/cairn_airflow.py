@@ -229,7 +229,15 @@ class CairnSparkOperator(SparkSubmitOperator):
     _connected: Connected | None = None
     """The run's hold on its Spark Connect session while its job runs (for `on_kill`)."""
 
-    def __init__(self, *, job: str, topic: str, payload: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        job: str,
+        topic: str,
+        payload: Any,
+        extra_env: Callable[[], dict[str, str]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
             application=str(SPARK_JOBS / f"{job}.py"),
             conn_id=SPARK_CONN_ID,
@@ -242,6 +250,8 @@ class CairnSparkOperator(SparkSubmitOperator):
         self.job = job
         self.topic = topic
         self.payload = payload
+        self.extra_env = extra_env
+        """More environment for the job, resolved when the task runs (secrets included)."""
 
     def execute(self, context: Any) -> None:
         cfg = find_topic(self.topic)
@@ -260,7 +270,7 @@ class CairnSparkOperator(SparkSubmitOperator):
             REGISTRIES_VARIABLE: json.dumps(schema_registries(cfg)),
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
+        } | (self.extra_env() if self.extra_env else {})
         if BaseHook.get_connection(self._conn_id).conn_type == SparkConnectHook.conn_type:
             self.run_connected()
             return

@@ -317,10 +317,19 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     }
     if settings.spark_conn_type == "spark":
         spark_conn = {"conn_type": "spark", "host": settings.spark_master}
+    # The Iceberg catalog of the topics' tables (plugins/cairn_catalog.py): JDBC, in PostgreSQL.
+    stack_catalog = iceberg_catalog(settings, settings.catalog_warehouse)
+    catalog_conn = {
+        "conn_type": "generic",
+        "login": settings.catalog_user,
+        "password": settings.catalog_password,
+        "extra": catalog.connection_extra(stack_catalog),
+    }
     conn = {
         settings.kafka_conn_id: kafka_conn,
         settings.s3_conn_id: s3_conn,
         settings.spark_conn_id: spark_conn,
+        "cairn_catalog": catalog_conn,
     }
     env = {
         "AIRFLOW_HOME": str(home),

@@ -84,6 +84,9 @@ class StackSettings(BaseSettings):
     pyiceberg must load the catalog under the same name to see Spark's tables."""
     catalog_database: str = "cairn_catalog"
     """The Iceberg JDBC catalog's database, beside Airflow's in the same PostgreSQL."""
+    catalog_warehouse: str = (REPO / ".cairn" / "warehouse").as_uri()
+    """Where the Iceberg catalog puts the topics' tables: a local folder by default, or
+    `s3://<bucket>/<prefix>` on the stack's SeaweedFS."""
     catalog_user: str = "cairn"
     catalog_password: str = "cairn-catalog-secret"
     """The login that owns the catalog's database (created with it at the first start)."""

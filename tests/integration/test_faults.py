@@ -32,19 +32,26 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from py4j.protocol import Py4JJavaError
+from pyiceberg.expressions import EqualTo
 from pyspark.errors import PySparkException
 
 from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.errors import PermanentError
 from cairn.kafka import cluster
-from cairn.pipeline import archive_run, rebuild
+from cairn.pipeline import archive_run, rebuild, seal
+from cairn.pipeline.completeness import complete_run
+from cairn.pipeline.proof import read_proof
 from cairn.protocol import commit, rewind, tokens
-from cairn.storage.layout import parse_data_key, token_key
+from cairn.storage.layout import DEFAULT_PATH_FORMAT, file_date, parse_data_key, token_key
 from cairn.storage.objects import Storage
+from cairn.table import iceberg
+from cairn.table.iceberg import IcebergCatalog, TableTarget
+from cairn_stack import services
 from cairn_stack.demo import create_topic
 from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
+from spark_jobs.seal import seal as seal_job
 from tests.integration.conftest import Archiver
 from tests.integration.test_rebuild import NOON
 
@@ -86,6 +93,8 @@ OPS = {
     "rebuild_crash": 3,
     "interrupted_rebuild": 5,
     "config_fix": 5,
+    "seal": 6,
+    "interrupted_seal": 5,
     "catch_up": 2,
 }
 ABANDONED = (PermanentError, ConnectionError, PySparkException, Py4JJavaError)
@@ -158,6 +167,8 @@ class Archive:
     backup: Counter = field(default_factory=Counter)
     values: dict = field(default_factory=dict)
     parsed: Counter = field(default_factory=Counter)
+    parsed_at: dict = field(default_factory=dict)
+    """The date each partitioned record is filed under."""
 
 
 def read_data_folders(storage: Storage, topic: str) -> Archive:
@@ -174,6 +185,8 @@ def read_data_folders(storage: Storage, topic: str) -> Archive:
                 seen.parsed[row["partition"], row["offset"]] += 1
             else:
                 seen.parsed[row["_kafka_partition"], row["_kafka_offset"]] += 1
+                day = file_date(found, DEFAULT_PATH_FORMAT)
+                seen.parsed_at[row["_kafka_partition"], row["_kafka_offset"]] = day
     return seen
 
 
@@ -238,6 +251,8 @@ class Scenario:
     kafka: Kafka
     cfgs: list[TopicConfig]
     latest: bool
+    catalog: IcebergCatalog
+    table: TableTarget
     cfg_index: int = 0
     produced: int = 0
     skipped: set | None = None
@@ -497,6 +512,68 @@ class Scenario:
             return f"interrupted rebuild {days}: {what} at {at}: {type(err).__name__}"
         return f"interrupted rebuild {days}: {what} at {at}: committed"
 
+    def seal(self) -> str:
+        """Mark the dates that became complete (the archive DAG's complete task), then seal one
+        of the dates with files (the seal DAG), its table included."""
+        days = self._chosen_dates()[:1]
+        if not days:
+            return "seal: no dates"
+        complete_run(self.cfg, self.storage, self.archiver.kafka, "faults")
+        try:
+            chosen = seal.select(self.storage, self.cfg, days[0], "sealing", self.table)
+            if chosen is None:
+                return f"seal {days[0]}: nothing"
+            seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, {})
+            seal.finish_seal(self.storage, self.cfg, chosen, self.catalog)
+        except (commit.Conflict, commit.Fenced) as err:
+            return f"seal {days[0]}: {type(err).__name__}"
+        return f"seal {days[0]} -> {chosen.claim.attempt_id}"
+
+    def interrupted_seal(self) -> str:
+        """A seal with something else happening at a random step boundary (module doc)."""
+        days = self._chosen_dates()[:1]
+        at = self.rng.choice(("select", "spark", "before create", "after create"))
+        what = self.rng.choice(INTERFERENCE)
+        if not days:
+            return "interrupted seal: no dates"
+        complete_run(self.cfg, self.storage, self.archiver.kafka, "faults")
+        try:
+            chosen = seal.select(self.storage, self.cfg, days[0], "interrupted", self.table)
+            if chosen is None:
+                return f"interrupted seal {days[0]}: nothing"
+            if at == "select":
+                self.interfere(what)
+            seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, {})
+            if at == "spark":
+                self.interfere(what)
+            hooked = self.hooked()
+            if at in ("before create", "after create"):
+                hooked.hooks[at] = lambda: self.interfere(what)
+            seal.finish_seal(hooked, self.cfg, chosen, self.catalog)
+        except ABANDONED as err:
+            return f"interrupted seal {days[0]}: {what} at {at}: {type(err).__name__}"
+        return f"interrupted seal {days[0]}: {what} at {at}: committed"
+
+    def check_table(self) -> None:
+        """Every sealed date's table partition holds its sealed records, each once."""
+        table = self.catalog.load_table(self.table.identifier) if self.sealed_any() else None
+        if table is None:
+            return
+        rows = table.scan().to_arrow()
+        pairs = list(
+            zip(
+                rows.column("_kafka_partition").to_pylist(),
+                rows.column("_kafka_offset").to_pylist(),
+                strict=True,
+            )
+        )
+        doubled = [c for c, n in Counter(pairs).items() if n > 1]
+        assert not doubled, f"records twice in the table: {doubled[:10]}"
+        assert set(pairs) <= set(self.kafka.records), "records in the table that Kafka never had"
+
+    def sealed_any(self) -> bool:
+        return any(t.kind == "seal" for t in tokens.list_tokens(self.storage, self.topic))
+
     def config_fix(self) -> str:
         self.cfg_index = self.rng.choice([i for i in range(len(CONFIGS)) if i != self.cfg_index])
         return f"config {CONFIGS[self.cfg_index].strip() or 'UTC, generation 1'}"
@@ -508,12 +585,54 @@ class Scenario:
             assert runs < 100, "the archive never caught up"
         return f"catch up in {runs} runs"
 
+    def seal_everything(self) -> str:
+        """After catching up: seal every complete date again (a re-seal threshold of one file),
+        so each sealed date's table partition must hold exactly its partitioned records."""
+        complete_run(self.cfg, self.storage, self.archiver.kafka, "faults")
+        for day in self._dates():
+            chosen = seal.select(self.storage, self.cfg, day, "final", self.table)
+            if chosen is not None:
+                seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, {})
+                seal.finish_seal(self.storage, self.cfg, chosen, self.catalog)
+        table = self.catalog.load_table(self.table.identifier) if self.sealed_any() else None
+        for day in self._dates() if table is not None else []:
+            proof = read_proof(self.storage, self.cfg, day)
+            if proof is None or proof.table_records is None:
+                continue
+            rows = table.scan(row_filter=EqualTo("_event_date", day)).to_arrow()
+            in_table = Counter(
+                zip(
+                    rows.column("_kafka_partition").to_pylist(),
+                    rows.column("_kafka_offset").to_pylist(),
+                    strict=True,
+                )
+            )
+            in_folders = Counter(
+                c
+                for c, where in read_data_folders(self.storage, self.topic).parsed_at.items()
+                if where == day
+            )
+            assert in_table == in_folders, (
+                f"table of {day} differs from its folders: {set(in_table) ^ set(in_folders)}"
+            )
+        return "sealed every complete date"
+
 
 @pytest.mark.parametrize("start", ["earliest", "latest"])
 @pytest.mark.parametrize("root", ["file", "s3"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_faults_never_lose_or_double_a_record(
-    seed, root, start, kafka, archiver, make_cfg, topic_name, request, stack_settings
+    seed,
+    root,
+    start,
+    kafka,
+    archiver,
+    make_cfg,
+    topic_name,
+    request,
+    stack_settings,
+    postgres,
+    tmp_path,
 ) -> None:
     create_topic(kafka, topic_name, partitions=PARTITIONS)
     url, steps = None, STEPS
@@ -521,10 +640,26 @@ def test_random_faults_never_lose_or_double_a_record(
         archiver = Archiver(archiver.spark, kafka, request.getfixturevalue("s3"))
         url = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/faults-{topic_name}"
         steps = S3_STEPS
-    extra = f"max_records_per_partition: 15\naccept_gaps: true\nnew_partition_start: {start}\n"
+    extra = (
+        f"max_records_per_partition: 15\naccept_gaps: true\nnew_partition_start: {start}\n"
+        "reseal_files: 1\n"
+    )
     cfgs = [make_cfg(topic_name, extra + c, root=url) for c in CONFIGS]
     rng = random.Random(f"{seed}-{root}-{start}")
-    scenario = Scenario(rng, archiver, Kafka(kafka, topic_name), cfgs, latest=start == "latest")
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    stack_catalog = services.iceberg_catalog(
+        postgres, warehouse.as_uri(), name=f"f{uuid.uuid4().hex[:8]}"
+    )
+    scenario = Scenario(
+        rng,
+        archiver,
+        Kafka(kafka, topic_name),
+        cfgs,
+        latest=start == "latest",
+        catalog=iceberg.catalog_of(stack_catalog),
+        table=iceberg.target(stack_catalog, topic_name),
+    )
     ops, weights = zip(*OPS.items(), strict=True)
     done: Counter = Counter()
     try:
@@ -533,7 +668,10 @@ def test_random_faults_never_lose_or_double_a_record(
             done[op] += 1
             scenario.history.append(f"{step}: {getattr(scenario, op)()}")
             scenario.check()
+            scenario.check_table()
         scenario.history.append(scenario.catch_up())
+        scenario.check(caught_up=True)
+        scenario.history.append(scenario.seal_everything())
         scenario.check(caught_up=True)
     except Exception as err:
         replay = "\n".join(scenario.history[-40:])

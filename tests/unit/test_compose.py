@@ -16,7 +16,14 @@ import yaml
 from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
 from cairn.storage.s3_access import S3Settings
-from cairn_stack.services import PYTHON_DAEMON, SERVER_JVM, SESSION_TIMEOUT, postgres_bin
+from cairn.table.catalog import Catalog, connection_extra
+from cairn_stack.services import (
+    PYTHON_DAEMON,
+    SERVER_JVM,
+    SESSION_TIMEOUT,
+    iceberg_catalog,
+    postgres_bin,
+)
 from cairn_stack.settings import StackSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -257,6 +264,7 @@ def test_aws_connection_examples_are_valid_and_cover_role_encryption_and_instanc
 
 def test_airflow_connections_match_settings_ids(services):
     expected = {DEFAULTS[f].upper() for f in ("kafka_conn_id", "s3_conn_id", "spark_conn_id")}
+    expected.add("CAIRN_CATALOG")
     internal = listeners(env(services["kafka"]), "KAFKA_ADVERTISED_LISTENERS")["SECURED"]
     for name in AIRFLOW_SERVICES:
         conns = {
@@ -295,6 +303,23 @@ def test_airflow_connections_match_settings_ids(services):
         port = DEFAULTS["spark_connect_port"]
         assert (spark["host"], spark["port"]) == ("sc://spark-connect", port)
         assert services[name]["depends_on"].get("spark-connect") or name == "airflow-init"
+
+        table = conns["CAIRN_CATALOG"]  # plugins/cairn_catalog.py reads it as the stack's
+        assert (table["login"], table["password"]) == (
+            ref("CAIRN_CATALOG_USER"),
+            ref("CAIRN_CATALOG_PASSWORD"),
+        )
+        described = Catalog.model_validate(table["extra"])
+        assert described.uri == f"jdbc:postgresql://postgres:5432/{ref('CAIRN_CATALOG_DATABASE')}"
+        assert (described.name, described.s3.endpoint) == (
+            DEFAULTS["catalog_name"],
+            "http://seaweedfs:8333",
+        )
+        stack = connection_extra(iceberg_catalog(StackSettings(), "s3://cairn-archive/_warehouse"))
+        assert (
+            table["extra"].keys() == stack.keys()
+            and table["extra"]["s3"].keys() == stack["s3"].keys()
+        )
 
 
 def test_spark_connect_server_runs_cairn_on_the_cluster_with_the_kafka_connector(services):

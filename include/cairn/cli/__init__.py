@@ -4,7 +4,7 @@
     files TOPIC --date D                     a date's partitioned and quarantine files
     find TOPIC PARTITION OFFSET              a record's backup copy and where it was filed
     cat TOPIC (--date D | --key KEY)         quarantined records with their reasons
-    verify TOPIC --date D                    re-count a date's files against the manifests
+    verify TOPIC --date D                    check a date against the backup: every record once
     replay TOPIC --to-topic T [--from P:O] [--to P:O]   re-produce records from the backup
     tokens list|rewind TOPIC                 a topic's offset tokens
 

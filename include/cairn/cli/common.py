@@ -4,8 +4,10 @@ showing Kafka bytes safely."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import UTC, date, datetime
 
 from rich.console import Console
@@ -40,6 +42,36 @@ def err() -> Console:
 def storage_for(cfg: TopicConfig) -> Storage:
     root = cfg.root
     return Storage(root.storage_url, **env_connection_options(root.conn_id, os.environ))
+
+
+CATALOG_VARIABLE = "AIRFLOW_CONN_CAIRN_CATALOG"
+"""The Iceberg catalog as the Airflow connection `cairn_catalog` holds it (JSON)."""
+
+
+def table_counter(cfg: TopicConfig) -> Callable[[date], int | None] | None:
+    """Counts a date's records in the topic's table, when the catalog connection is exported
+    (`AIRFLOW_CONN_CAIRN_CATALOG`, as Airflow holds it); None without it."""
+    raw = os.environ.get(CATALOG_VARIABLE)
+    if not raw:
+        return None
+    from cairn.table import iceberg  # pyiceberg: only when a table is asked about
+    from cairn.table.catalog import Catalog, table_name
+
+    conn = json.loads(raw)
+    fields = dict(conn.get("extra") or {})
+    fields |= {
+        k: v for k, v in (("user", conn.get("login")), ("password", conn.get("password"))) if v
+    }
+    found = iceberg.catalog_of(Catalog.model_validate(fields))
+
+    def count(day: date) -> int | None:
+        try:
+            table = found.load_table(f"cairn.{table_name(cfg.topic)}")
+        except iceberg.NoSuchTableError:
+            return None
+        return iceberg.date_records(table, day)
+
+    return count
 
 
 def add_kafka_args(parser: argparse.ArgumentParser) -> None:

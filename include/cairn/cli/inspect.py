@@ -7,7 +7,6 @@ The questions are answered in `cairn.views.finder`, `cairn.views.audit` and `cai
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -28,9 +27,11 @@ from cairn.cli.common import (
     show_size,
     show_time,
     storage_for,
+    table_counter,
 )
 from cairn.config import TopicConfig, load_topics
 from cairn.datafiles.avro_file import millis
+from cairn.formats import registries_from_env
 from cairn.pipeline import completeness
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import parse_data_key
@@ -44,6 +45,7 @@ from cairn.views.finder import (
     date_files,
     quarantine_records,
 )
+from cairn.views.proof import verify_date
 from cairn.views.status import RunRecord
 
 TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
@@ -66,7 +68,9 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     which.add_argument("--key", help="one quarantine file's key")
     cat.add_argument("--limit", type=int, default=50, help="records to show (0: all)")
     cat.add_argument("--width", type=int, default=80, help="characters of value to show")
-    verify = groups.add_parser("verify", help="re-count a date's files against the manifests")
+    verify = groups.add_parser(
+        "verify", help="check a date against the backup: every record once, its proof, its files"
+    )
     verify.add_argument("topic")
     verify.add_argument("--date", type=day_arg, required=True, help="YYYY-MM-DD")
 
@@ -195,57 +199,30 @@ def cat(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 
 def verify(cfg: TopicConfig, args: argparse.Namespace) -> int:
+    """The date against the backup (`cairn.views.proof`): one line, then each file whose
+    records, size or offsets differ from what committed it (`cairn.views.audit`)."""
     storage = storage_for(cfg)
+    table = table_counter(cfg)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, console=err(), transient=True) as progress:
-        task = progress.add_task("counting", total=None)
+        task = progress.add_task("reading", total=None)
 
-        def counting(f: Any) -> None:
-            progress.update(task, description=f"counting {f.key.rsplit('/', 1)[-1]}")
+        def reading(key: str) -> None:
+            progress.update(task, description=f"reading {key.rsplit('/', 1)[-1]}")
             progress.advance(task)
 
-        audit = audit_date(storage, cfg, args.date, on_file=counting)
-    if not audit.files and not audit.problems:
+        check = verify_date(storage, cfg, args.date, table, registries_from_env(), reading)
+        audit = audit_date(storage, cfg, args.date, on_file=lambda f: reading(f.key))
+    if not check.records and not check.missing:
         out().print(f"topic {cfg.topic}: no partitioned or quarantine files for {args.date}")
         return FOUND_PROBLEM
-    table = Table(
-        "key",
-        "records",
-        "manifest",
-        "size",
-        "committed by",
-        "result",
-        title=f"verify {cfg.topic} {args.date}",
-        title_justify="left",
-    )
-    for f in audit.files:
-        result = Text("ok", "green") if not f.problems else Text("; ".join(f.problems), "red")
-        table.add_row(
-            f.key,
-            str(f.records),
-            NONE if f.expected_records is None else str(f.expected_records),
-            show_size(f.bytes),
-            f.by or NONE,
-            result,
-        )
-    out().print(table)
+    damaged = [f for f in audit.files if f.problems]
+    out().print(Text(check.line(), "green" if check.ok and not damaged else "bold red"))
+    for f in damaged:
+        out().print(Text(f"  {f.key}: {'; '.join(f.problems)}", "red"))
     for problem in audit.problems:
-        out().print(Text(f"MISMATCH {problem}", "red"))
-    bad = sum(bool(f.problems) for f in audit.files) + len(audit.problems)
-    if bad:
-        out().print(
-            Text(
-                f"{cfg.topic} {args.date}: {bad} problems in {len(audit.files)} files "
-                f"({audit.records} records counted)",
-                "bold red",
-            )
-        )
-        return FOUND_PROBLEM
-    out().print(
-        f"{cfg.topic} {args.date}: ok, {len(audit.files)} files and {audit.records} "
-        "records match the manifests"
-    )
-    return OK
+        out().print(Text(f"  {problem}", "red"))
+    return OK if check.ok and not damaged and not audit.problems else FOUND_PROBLEM
 
 
 def _found_table(cfg: TopicConfig, found: FoundRecord, width: int) -> Table:

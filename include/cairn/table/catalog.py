@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -96,6 +96,18 @@ class Catalog(BaseModel):
         if self.warehouse.startswith(("s3://", "s3a://")) and self.s3 is None:
             raise ValueError(f"warehouse {self.warehouse} is on S3: give s3 (at least region)")
         return self
+
+
+def connection_extra(catalog: Catalog) -> dict[str, Any]:
+    """The catalog as an Airflow connection's extra (`plugins/cairn_catalog.py`), secrets as
+    they are: its login and password go in the connection's own fields."""
+    extra = catalog.model_dump(mode="json", exclude={"user", "password", "s3"}, exclude_none=True)
+    if catalog.s3 is not None:
+        s3 = catalog.s3.model_dump(mode="json", exclude_none=True)
+        if catalog.s3.secret_access_key is not None:
+            s3["secret_access_key"] = catalog.s3.secret_access_key.get_secret_value()
+        extra["s3"] = s3
+    return extra
 
 
 def spark_conf(catalog: Catalog) -> dict[str, str]:

@@ -1,0 +1,124 @@
+"""One `seal__<topic>` DAG per topic that seals: a complete date becomes a few large files, its
+partition of the topic's Iceberg table, and a proof of completeness (`cairn.pipeline.seal`).
+
+A run per date the archive or rebuild DAG announces as complete or changed (the topic's asset,
+one partition key per date): select → seal (Spark) → commit. A date already sealed is sealed
+again only once its unsealed part (late records, a rebuild) passes `reseal_files` or
+`reseal_mb`; otherwise the run stops at select. Trigger it by hand with the `date` param to seal
+a date now, or clear a run to seal its date again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import date, datetime
+
+from airflow.sdk import DAG, Param, PartitionedAssetTimetable, get_current_context, task
+
+from cairn.config import TopicConfig, dag_safe
+from cairn.errors import PermanentError
+from cairn_airflow import (
+    CairnSparkOperator,
+    fail_fast,
+    storage,
+    topic_asset,
+    topic_doc,
+    topics_to_build,
+)
+from cairn_catalog import catalog
+
+log = logging.getLogger(__name__)
+
+
+class NoDate(PermanentError):
+    """The run names no date to seal."""
+
+
+def seal_dag_id(topic: str) -> str:
+    return f"seal__{dag_safe(topic)}"
+
+
+def run_date(context: dict) -> date:
+    """The date a run seals: its `date` param, else its asset event's partition key."""
+    given = context["params"].get("date") or context["dag_run"].partition_key
+    if not given:
+        raise NoDate("this run names no date: trigger it with the param date (YYYY-MM-DD)")
+    try:
+        return date.fromisoformat(given)
+    except ValueError:
+        raise NoDate(f"date {given!r} is not YYYY-MM-DD") from None
+
+
+def table_env() -> dict[str, str]:
+    """What the seal job needs to write the table's files (the catalog's S3 access)."""
+    from cairn.table import iceberg  # pyarrow and pyiceberg: only where a task needs them
+
+    found = catalog()
+    return {"CAIRN_TABLE_OPTIONS": json.dumps(iceberg.storage_options(found) if found else {})}
+
+
+def seal_dag(cfg: TopicConfig) -> DAG:
+    topic = cfg.topic
+    with DAG(
+        dag_id=seal_dag_id(topic),
+        dag_display_name=f"{topic} · seal",
+        description=f"Seal the complete dates of {topic}",
+        schedule=PartitionedAssetTimetable(assets=topic_asset(topic)),
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        default_args={"owner": "cairn", "retries": 2},
+        tags=["cairn", "seal"],
+        params={"date": Param("", type="string", description="the date to seal (YYYY-MM-DD)")},
+        doc_md=topic_doc(cfg, "seal", __doc__),
+    ) as dag:
+
+        @task.short_circuit
+        def select() -> dict | bool:
+            from cairn.pipeline import seal
+            from cairn.table import iceberg
+
+            context = get_current_context()
+            with fail_fast():
+                day = run_date(context)
+                found = catalog()
+                table = iceberg.target(found, topic) if found else None
+                chosen = seal.select(storage(cfg), cfg, day, context["run_id"], table)
+            if chosen is None:
+                log.info("topic %s %s: not complete, or nothing new to seal", topic, day)
+                return False
+            log.info("%s: %d folders", chosen.claim.label, len(chosen.folders))
+            return chosen.model_dump(mode="json")
+
+        @task
+        def commit(chosen: dict) -> dict:
+            """Commit the sealed files, replace the date in the table, write the proof."""
+            from cairn.pipeline import seal
+            from cairn.table import iceberg
+
+            found = catalog()
+            with fail_fast():
+                proof = seal.finish_seal(
+                    storage(cfg),
+                    cfg,
+                    seal.Selection.model_validate(chosen),
+                    iceberg.catalog_of(found) if found else None,
+                )
+            return proof.model_dump(mode="json", exclude={"partitions"})
+
+        chosen = select()
+        spark = CairnSparkOperator(
+            task_id="seal",
+            job="seal",
+            topic=topic,
+            payload=chosen,
+            execution_timeout=cfg.spark_timeout,
+            extra_env=table_env,
+        )
+        spark >> commit(chosen)
+    return dag
+
+
+for _cfg in topics_to_build(seal_dag_id):
+    if _cfg.seals:
+        globals()[seal_dag_id(_cfg.topic)] = seal_dag(_cfg)
