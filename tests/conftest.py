@@ -164,6 +164,8 @@ E2E_TOPIC = "e2e.orders"
 E2E_FIXED = "e2e.fixed"
 E2E_OVERVIEW = "e2e.overview"
 E2E_PREFIX = "e2e"
+E2E_WAREHOUSE = "s3://{bucket}/e2e-warehouse"
+"""Where the Airflow stack's Iceberg catalog puts the E2E topics' tables (sealed dates)."""
 E2E_COMPLETE = "e2e.complete"
 """Read 2 records per partition a run; tests/dags/cairn_downstream.py runs on its dates. Its
 records are days old: no time-lag alert for them."""
@@ -234,6 +236,7 @@ def airflow(
             "airflow_dags_paused": True,
             "extra_dag_folders": [ROOT / "dags"],  # the example downstream DAG
             "statsd_port": free_udp_port(),  # tests listen there (test_alerts)
+            "catalog_warehouse": E2E_WAREHOUSE.format(bucket=stack_settings.bucket),
         }
     )
     started = []

@@ -9,12 +9,18 @@ from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import quote
 
 from confluent_kafka import Producer
+from pyiceberg.expressions import EqualTo
 
 from cairn.pipeline import completeness
+from cairn.pipeline.proof import Proof
 from cairn.protocol import tokens
+from cairn.storage.layout import proof_key
 from cairn.storage.objects import Storage
+from cairn.table import iceberg
+from cairn.table.catalog import table_name
+from cairn_stack import services
 from cairn_stack.demo import create_topic
-from tests.conftest import E2E_COMPLETE, E2E_PREFIX
+from tests.conftest import E2E_COMPLETE, E2E_PREFIX, E2E_WAREHOUSE
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import event
 
@@ -88,13 +94,15 @@ def test_a_date_completes_when_its_last_partition_passes_and_late_records_amend_
     assert types["_kafka_timestamp"] == "timestamp" and types["_event_time"] == "timestamp"
 
 
-def test_the_archive_dag_marks_the_date_and_the_downstream_dag_runs_for_it(
+def test_the_archive_dag_marks_the_date_the_downstream_and_seal_dags_run_for_it(
     airflow, kafka, s3, stack_settings
 ) -> None:
     create_topic(kafka, E2E_COMPLETE, partitions=2)
     produce_day(kafka, E2E_COMPLETE)
     dag_id, downstream = "archive__e2e__dot__complete", "downstream__e2e_complete"
+    sealing = "seal__e2e__dot__complete"
     airflow.wait_for_dag(downstream)
+    airflow.wait_for_dag(sealing)
     airflow.wait_for_dag(dag_id)
 
     airflow.trigger(dag_id)  # two records a partition: a second run drains the rest
@@ -116,6 +124,25 @@ def test_the_archive_dag_marks_the_date_and_the_downstream_dag_runs_for_it(
     keys = sorted(airflow.xcom(downstream, r["dag_run_id"], "use_date") for r in ran)
     assert keys == days
     assert all(date.fromisoformat(k) for k in keys)
+
+    # The seal DAG runs for both dates: DAY's four records become one file per hour folder, the
+    # proof, and the Iceberg table's partition, read back by pyiceberg through the stack's catalog.
+    sealed = airflow.wait_for_runs(sealing, timeout=600)
+    assert all(r["state"] == "success" for r in sealed), failed_tasks(airflow, sealing, sealed)
+    proof = Proof.model_validate_json(storage.read(proof_key(E2E_COMPLETE, f"dt={DAY}")))
+    assert (proof.partitioned, proof.table_records) == (4, 4)
+    assert (proof.files_before, proof.files_after) == (4, 4)  # one record an hour folder
+    stack_catalog = services.iceberg_catalog(
+        stack_settings, E2E_WAREHOUSE.format(bucket=stack_settings.bucket)
+    )
+    table = iceberg.catalog_of(stack_catalog).load_table(f"cairn.{table_name(E2E_COMPLETE)}")
+    rows = table.scan(row_filter=EqualTo("_event_date", DAY)).to_pylist()
+    archived = [r for f, r in read_archive(storage, E2E_COMPLETE).partitioned if str(DAY) in f]
+    assert coords(rows, "_kafka_partition", "_kafka_offset") == [(0, 0), (1, 0), (1, 1), (1, 2)]
+    assert coords(archived, "_kafka_partition", "_kafka_offset") == coords(
+        rows, "_kafka_partition", "_kafka_offset"
+    )
+    assert table.current_snapshot().summary["cairn.topic"] == E2E_COMPLETE
 
 
 def failed_tasks(airflow, dag_id: str, runs: list[dict]) -> list[tuple[str, str, str]]:

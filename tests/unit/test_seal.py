@@ -20,6 +20,7 @@ from cairn.protocol import commit, rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.table.iceberg import TableTarget, date_snapshot
+from cairn.views.overview import files_per_date
 from tests.unit.conftest import archive_records
 from tests.unit.test_rebuild import D1, D2, D3, TOPIC, at, build_archive, config, rebuild, rec
 
@@ -231,3 +232,17 @@ def test_a_rewind_into_a_sealed_date_keeps_the_sealed_records_and_the_cli_refuse
 
     kept = {f.key for files in found.backups.values() for f in files} & found.sealed_sources
     assert kept and planned.adopted
+
+
+def test_the_overview_shows_per_date_whether_it_is_sealed_and_its_files_before(tmp_path, storage):
+    cfg = config(tmp_path, reseal_files=5)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    files_before = len(day_files(storage, D2))
+    proof = sealed(storage, cfg, D2)
+    archive_records(storage, cfg, at("2024-06-05T00:00"), [rec(0, 11, "2024-06-02T09:00:00Z")])
+
+    dates = {d.day: d for d in files_per_date(storage, cfg)}
+
+    assert dates[D2].state == "sealed, 1 late file" and dates[D2].files_before == files_before
+    assert dates[D2].sealed == proof.files_after and dates[D3].state == "not sealed"

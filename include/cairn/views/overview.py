@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from cairn.config import TopicConfig
 from cairn.pipeline import completeness
+from cairn.pipeline.proof import read_proof
 from cairn.protocol import commit
 from cairn.storage.layout import file_date, kind_folder, parse_data_key
 from cairn.storage.objects import Storage
@@ -29,6 +30,9 @@ from cairn.views.status import RunRecord
 
 TREND_RUNS = 20
 """Runs the lag trend spans."""
+
+PROOFS_READ = 60
+"""Sealed dates whose proof the page reads (the newest; older rows say only `sealed`)."""
 
 REASON_FILES = 50
 """Newest quarantine files whose reasons are counted."""
@@ -58,11 +62,26 @@ class TopicOverview(BaseModel):
 
 
 class DateFiles(BaseModel):
-    """The data files one date holds."""
+    """The data files one date holds, and whether it is sealed (`cairn.pipeline.seal`)."""
 
     day: date
     partitioned: int = 0
     quarantine: int = 0
+    sealed: int = 0
+    """Of the files, how many are sealed files."""
+    files_before: int | None = None
+    """How many files the last seal merged (from the date's proof)."""
+    snapshot_id: int | None = None
+    """The table snapshot that holds the date (from its proof)."""
+    table_records: int | None = None
+
+    @property
+    def state(self) -> str:
+        """`sealed`, `sealed, N late files`, or `not sealed`."""
+        if not self.sealed:
+            return "not sealed"
+        late = self.partitioned + self.quarantine - self.sealed
+        return "sealed" if not late else f"sealed, {late} late file{'s' if late > 1 else ''}"
 
 
 class TopicDetail(BaseModel):
@@ -110,7 +129,14 @@ def files_per_date(storage: Storage, cfg: TopicConfig) -> list[DateFiles]:
                 continue
             entry = days.setdefault(day, DateFiles(day=day))
             setattr(entry, kind, getattr(entry, kind) + 1)
-    return sorted(days.values(), key=lambda d: d.day, reverse=True)
+            entry.sealed += data.sealed
+    newest = sorted(days.values(), key=lambda d: d.day, reverse=True)
+    for entry in [d for d in newest if d.sealed][:PROOFS_READ]:
+        proof = read_proof(storage, cfg, entry.day)
+        if proof is not None:
+            entry.files_before, entry.snapshot_id = proof.files_before, proof.snapshot_id
+            entry.table_records = proof.table_records
+    return newest
 
 
 def quarantine_reasons(
