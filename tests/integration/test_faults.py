@@ -46,7 +46,8 @@ from cairn.protocol import commit, rewind, tokens
 from cairn.storage.layout import DEFAULT_PATH_FORMAT, file_date, parse_data_key, token_key
 from cairn.storage.objects import Storage
 from cairn.table import iceberg
-from cairn.table.iceberg import IcebergCatalog, TableTarget
+from cairn.table.catalog import TableTarget
+from cairn.table.iceberg import IcebergCatalog
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from spark_jobs.archive import archive

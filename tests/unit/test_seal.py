@@ -5,6 +5,7 @@ SqlCatalog on SQLite here; the integration tests use the stack's PostgreSQL)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import date
 
@@ -19,10 +20,24 @@ from cairn.pipeline.plan import Watermarks, plan
 from cairn.protocol import commit, rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
-from cairn.table.iceberg import TableTarget, date_snapshot
+from cairn.table.catalog import TableTarget
+from cairn.table.iceberg import date_snapshot
+from cairn.views import audit, finder
+from cairn.views.finder import ArchiveIndex
 from cairn.views.overview import files_per_date
 from tests.unit.conftest import archive_records
-from tests.unit.test_rebuild import D1, D2, D3, TOPIC, at, build_archive, config, rebuild, rec
+from tests.unit.test_rebuild import (
+    D1,
+    D2,
+    D3,
+    SCHEMA,
+    TOPIC,
+    at,
+    build_archive,
+    config,
+    rebuild,
+    rec,
+)
 
 
 def complete_through(storage: Storage, day: date) -> None:
@@ -246,3 +261,76 @@ def test_the_overview_shows_per_date_whether_it_is_sealed_and_its_files_before(t
 
     assert dates[D2].state == "sealed, 1 late file" and dates[D2].files_before == files_before
     assert dates[D2].sealed == proof.files_after and dates[D3].state == "not sealed"
+
+
+def test_find_files_and_audit_follow_each_record_into_its_sealed_file_and_on_to_a_rebuild(
+    tmp_path, storage
+):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    records = day_records(storage, D2)
+    proof = sealed(storage, cfg, D2)
+    index = ArchiveIndex(storage, TOPIC)
+
+    for kind, p, o in records:
+        found = index.find(p, o)
+        assert (
+            found.output.key in day_files(storage, D2) and parse_data_key(found.output.key).sealed
+        )
+        assert found.output.by == f"seal {proof.token_seq}"
+        assert finder.coordinates(found.output.kind, found.output_record) == (p, o)
+        assert found.output.kind == ("partitioned" if kind == "p" else "quarantine")
+    entries = [index.entry(k) for k in day_files(storage, D2)]
+    assert sum(e.entry.records for e in entries) == len(records)
+    assert audit.audit_date(storage, cfg, D2).ok
+
+    damaged = next(k for k in day_files(storage, D2) if "dt=" in k and "quarantine" not in k)
+    original = storage.read(damaged)
+    with storage.open_read(damaged) as f:
+        reader = fastavro.reader(f)
+        schema, rows = reader.writer_schema, list(reader)
+    with storage.open_write(damaged) as out:
+        fastavro.writer(out, schema, rows[1:])
+    [bad] = [f for f in audit.audit_date(storage, cfg, D2).files if f.problems]
+    assert bad.key == damaged and f"seal {proof.token_seq} says {len(rows)}" in bad.problems[0]
+    storage.write(damaged, original)
+
+    done = rebuild(storage, config(tmp_path, generation=2), D2)
+    index = ArchiveIndex(storage, TOPIC)
+    for _, p, o in records:
+        found = index.find(p, o)
+        assert (
+            found.output.by == f"rebuild {done.seq}" and not parse_data_key(found.output.key).sealed
+        )
+
+
+def test_the_table_takes_a_field_the_topic_schema_gained_and_keeps_the_older_dates(
+    tmp_path, storage
+):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    catalog = SqlCatalog(
+        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
+    )
+    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    first = sealed(storage, cfg, D1, catalog, table)
+    grown = {
+        **SCHEMA,
+        "fields": [
+            *SCHEMA["fields"],
+            {"name": "coupon", "type": ["null", "string"], "default": None},
+        ],
+    }
+    (tmp_path / "grown.avsc").write_text(json.dumps(grown))
+
+    second = sealed(storage, config(tmp_path, schema="grown.avsc"), D2, catalog, table)
+
+    rows = catalog.load_table("cairn.orders").scan().to_arrow()
+    assert "coupon" in rows.column_names
+    by_date = Counter(rows.column("_event_date").to_pylist())
+    assert by_date == {D1: first.partitioned, D2: second.partitioned}
+    assert set(rows.column("coupon").to_pylist()) == {None}

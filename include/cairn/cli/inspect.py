@@ -237,7 +237,7 @@ def _found_table(cfg: TopicConfig, found: FoundRecord, width: int) -> Table:
     table.add_column()
     table.add_row(
         "backup",
-        f"{found.backup.entry.key} ({found.backup.by}, {show_time(found.backup.committed_at)})",
+        f"{found.backup.key} ({found.backup.by}, {show_time(found.backup.committed_at)})",
     )
     kind = TIMESTAMP_TYPES.get(r["timestamp_type"], str(r["timestamp_type"]))
     table.add_row("timestamp", f"{show_millis(r['timestamp'])} ({kind}, {millis(r['timestamp'])})")
@@ -250,9 +250,9 @@ def _found_table(cfg: TopicConfig, found: FoundRecord, width: int) -> Table:
     elif found.output is None:
         table.add_row("parsed", Text("MISSING: no partitioned or quarantine file holds it", "red"))
     else:
-        table.add_row(found.output.entry.kind, f"{found.output.entry.key} ({found.output.by})")
+        table.add_row(found.output.kind, f"{found.output.key} ({found.output.by})")
         row = found.output_record or {}
-        if found.output.entry.kind == "quarantine":
+        if found.output.kind == "quarantine":
             table.add_row("reason", Text(row.get("reason", "")))
         else:
             fields = {k: v for k, v in row.items() if not k.startswith("_kafka_")}

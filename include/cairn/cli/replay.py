@@ -52,7 +52,7 @@ def run(cfg: TopicConfig, args: argparse.Namespace) -> int:
     ranges = plan_ranges(starts, ends, index.position())
     if args.dry_run:
         for r in ranges:
-            keys = [b.entry.key for b in index.backup_files(r.partition, r.start, r.end)]
+            keys = [b.key for b in index.backup_files(r.partition, r.start, r.end)]
             out().print(f"{r}: {len(keys)} backup files")
             for key in keys:
                 out().print(f"  {key}")

@@ -75,11 +75,11 @@ from cairn.storage.layout import (
     table_file_name,
 )
 from cairn.storage.objects import Storage
-from cairn.table import iceberg
-from cairn.table.iceberg import IcebergCatalog, TableTarget
+from cairn.table.catalog import TableTarget
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
+    from cairn.table.iceberg import IcebergCatalog
 
 
 class SealRefused(PermanentError):
@@ -491,6 +491,8 @@ def finish_seal(
     """The seal's commit task: commit the sealed files (`commit_seal`), replace the date in the
     topic's Iceberg table (`table`, the catalog), and write the date's proof. Safe to retry at
     any point. A seal refused leaves no table file behind."""
+    from cairn.table import iceberg  # pyiceberg: only in the task that commits to the table
+
     try:
         _, proof = commit_seal(storage, cfg, chosen)
     except PermanentError:

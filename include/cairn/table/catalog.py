@@ -46,6 +46,13 @@ _TABLE_NAME_MAX = 255
 _UNCHANGED = re.compile(r"[a-z0-9_]+")
 
 
+class TableTarget(BaseModel):
+    """Where a topic's table is: its identifier and location (`file:///…` or `s3://…`)."""
+
+    identifier: str
+    location: str
+
+
 class S3Access(BaseModel):
     """How a warehouse on S3 is reached. Keys left out: the client's own credential chain."""
 

@@ -39,17 +39,10 @@ from pyiceberg.table.name_mapping import NameMapping
 
 from cairn.datafiles.parquet_file import EVENT_DATE
 from cairn.storage.objects import Storage
-from cairn.table.catalog import NAMESPACE, Catalog, pyiceberg_properties, table_name
+from cairn.table.catalog import NAMESPACE, Catalog, TableTarget, pyiceberg_properties, table_name
 
 NAME_MAPPING = "schema.name-mapping.default"
 ATTEMPT = "cairn.attempt"
-
-
-class TableTarget(BaseModel):
-    """Where a topic's table is: its identifier and location (`file:///…` or `s3://…`)."""
-
-    identifier: str
-    location: str
 
 
 def catalog_of(catalog: Catalog) -> IcebergCatalog:

@@ -19,6 +19,7 @@ from itertools import pairwise
 from pydantic import BaseModel, Field
 
 from cairn.config import TopicConfig
+from cairn.protocol.manifest import FileEntry
 from cairn.storage.layout import DataFile, file_date, parse_data_key
 from cairn.storage.objects import Storage
 from cairn.views.finder import ArchiveIndex, coordinates, date_files, read_records
@@ -79,7 +80,7 @@ def audit_date(
 
 def _audit_file(storage: Storage, index: ArchiveIndex, f: DataFile) -> FileAudit:
     if f.sealed:  # many partitions and runs: its date's proof accounts for it (views.proof)
-        return _audit_sealed(storage, f)
+        return _audit_sealed(storage, index, f)
     audit = FileAudit(key=f.key, kind=f.kind, partition=f.partition, bytes=storage.size(f.key))
     previous = -1
     try:
@@ -107,6 +108,7 @@ def _audit_file(storage: Storage, index: ArchiveIndex, f: DataFile) -> FileAudit
         audit.problems.append("no manifest names this file (not committed by any token or rebuild)")
         return audit
     e = located.entry
+    assert isinstance(e, FileEntry)  # a run's or a rebuild's file
     audit.by, audit.expected_records, audit.expected_bytes = located.by, e.records, e.bytes
     if audit.records != e.records:
         audit.problems.append(f"{audit.records} records, {located.by} says {e.records}")
@@ -117,12 +119,23 @@ def _audit_file(storage: Storage, index: ArchiveIndex, f: DataFile) -> FileAudit
     return audit
 
 
-def _audit_sealed(storage: Storage, f: DataFile) -> FileAudit:
-    audit = FileAudit(key=f.key, kind=f.kind, partition=-1, bytes=storage.size(f.key), by="seal")
+def _audit_sealed(storage: Storage, index: ArchiveIndex, f: DataFile) -> FileAudit:
+    """A sealed file's records and size against the seal that wrote it."""
+    audit = FileAudit(key=f.key, kind=f.kind, partition=-1, bytes=storage.size(f.key))
     try:
         audit.records = sum(1 for _ in read_records(storage, f.key))
     except (ValueError, EOFError, OSError) as err:
         audit.problems.append(f"unreadable after {audit.records} records: {err}")
+    located = index.entry(f.key)
+    if located is None:
+        audit.problems.append("no seal names this file (not committed by any token)")
+        return audit
+    e = located.entry
+    audit.by, audit.expected_records, audit.expected_bytes = located.by, e.records, e.bytes
+    if audit.records != e.records:
+        audit.problems.append(f"{audit.records} records, {located.by} says {e.records}")
+    if audit.bytes != e.bytes:
+        audit.problems.append(f"{audit.bytes} bytes, {located.by} says {e.bytes}")
     return audit
 
 

@@ -8,7 +8,9 @@ files whose span holds the offset are opened (a run that adopted rewound files a
 finds them in the backup folder). A rebuild replaces a date's partitioned and quarantine files;
 its token lists the files it removed and its manifest the files it wrote, with the backup files it
 re-derived from, so what a key holds now is decided by the newest of the writes and removals that
-name it.
+name it. A seal does the same with a date's files (`cairn.pipeline.seal`): its manifest says, per
+folder, which backup files' offsets its sealed files hold, and each sealed file's header which of
+them it holds itself, so a record is found in its sealed file by reading headers and that file.
 
 The CLI and the overview page ask the same questions through `ArchiveIndex`, which reads each
 token and manifest at most once.
@@ -25,9 +27,13 @@ import fastavro
 from pydantic import BaseModel, ValidationError
 
 from cairn.config import TopicConfig, resolve
+from cairn.datafiles.avro_file import read_header
+from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
+from cairn.pipeline.seal import FolderResult, SealedFile
+from cairn.pipeline.seal import load_attempt as load_seal
 from cairn.protocol import manifest, rewind, tokens
-from cairn.protocol.manifest import FileEntry, Manifest
+from cairn.protocol.manifest import FileEntry, Kind, Manifest
 from cairn.storage.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
 from cairn.storage.objects import Storage
 
@@ -37,13 +43,31 @@ class NotArchived(LookupError):
 
 
 @dataclass(frozen=True)
+class SealedEntry:
+    """A sealed file: the records of one folder, from many backup files and partitions."""
+
+    key: str
+    kind: Kind
+    records: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class Located:
     """A data file as the archive's history describes it, and which link committed it."""
 
-    entry: FileEntry
+    entry: FileEntry | SealedEntry
     by: str
-    """`token 12` or `rebuild 3`."""
+    """`token 12`, `rebuild 3` or `seal 14`."""
     committed_at: datetime
+
+    @property
+    def key(self) -> str:
+        return self.entry.key
+
+    @property
+    def kind(self) -> Kind:
+        return self.entry.kind
 
 
 @dataclass(frozen=True)
@@ -69,6 +93,30 @@ class Rebuild(BaseModel):
     removed: list[str]
 
 
+class Sealing(BaseModel):
+    """What a seal wrote (per folder, with the backup offsets it holds) and removed."""
+
+    seq: int
+    created_at: datetime
+    folders: list[FolderResult]
+    removed: list[str]
+
+    def wrote(self, key: str) -> SealedFile | None:
+        return next((f for folder in self.folders for f in folder.files if f.key == key), None)
+
+    def holding(self, source: str, partition: int, offset: int) -> list[str]:
+        """Its sealed files in the folders that hold `offset` of `source`'s partition."""
+        return [
+            f.key
+            for folder in self.folders
+            if any(
+                s.source == source and s.partition == partition and s.first <= offset <= s.last
+                for s in folder.spans
+            )
+            for f in folder.files
+        ]
+
+
 class ArchiveIndex:
     """One topic's committed history (its tokens and their manifests), read lazily once."""
 
@@ -78,6 +126,7 @@ class ArchiveIndex:
         self._tokens: dict[int, tokens.Token] = {}
         self._manifests: dict[str, Manifest] = {}
         self._rebuilds: list[Rebuild] | None = None
+        self._seals: list[Sealing] | None = None
 
     def token(self, seq: int) -> tokens.Token:
         if seq not in self._tokens:
@@ -167,21 +216,40 @@ class ArchiveIndex:
         entries = (rewind.entry_of(self.storage, f) for f in found if f.first_offset < end)
         return [e for e in entries if e is not None]
 
+    def seals(self) -> list[Sealing]:
+        """Every seal of the topic, oldest first."""
+        if self._seals is None:
+            self._seals = []
+            for seq in self.seqs:
+                token = self.token(seq)
+                if token.kind == "seal" and token.manifest is not None:
+                    attempt = load_seal(self.storage, token.manifest)
+                    self._seals.append(
+                        Sealing(
+                            seq=seq,
+                            created_at=token.created_at,
+                            folders=attempt.folders,
+                            removed=token.replaces,
+                        )
+                    )
+        return self._seals
+
     def entry(self, key: str) -> Located | None:
         """What the history says `key` holds now; None if nothing committed it, or a later
-        rebuild removed it."""
+        rebuild or seal removed it."""
         named = parse_data_key(key)
         if named is None or named.topic != self.topic:
             return None
         events: list[tuple[datetime, Located | None]] = []
-        token = self.covering(named.partition, named.first_offset)
-        found = self.manifest(token) if token else None
-        for e in found.files if found else []:
-            if e.key == key:
-                events.append(
-                    (token.created_at, Located(e, f"token {token.seq}", token.created_at))
-                )
-        if named.kind != "backup":  # rebuilds write and remove partitioned and quarantine files
+        if not named.sealed:
+            token = self.covering(named.partition, named.first_offset)
+            found = self.manifest(token) if token else None
+            for e in found.files if found else []:
+                if e.key == key:
+                    events.append(
+                        (token.created_at, Located(e, f"token {token.seq}", token.created_at))
+                    )
+        if named.kind != "backup":  # rebuilds and seals replace partitioned and quarantine files
             for r in self.rebuilds():
                 written = [e for e in r.files if e.key == key]
                 if written:
@@ -190,6 +258,13 @@ class ArchiveIndex:
                     )
                 elif key in r.removed:
                     events.append((r.created_at, None))
+            for sealing in self.seals():
+                if sealed := sealing.wrote(key):
+                    entry = SealedEntry(key, named.kind, sealed.records, sealed.bytes)
+                    located = Located(entry, f"seal {sealing.seq}", sealing.created_at)
+                    events.append((sealing.created_at, located))
+                elif key in sealing.removed:
+                    events.append((sealing.created_at, None))
         return max(events, key=lambda ev: ev[0])[1] if events else None
 
     def find(self, partition: int, offset: int) -> FoundRecord:
@@ -204,7 +279,7 @@ class ArchiveIndex:
             )
         for backup in self.backup_files(partition, offset, offset + 1):
             record = next(
-                (r for r in read_records(self.storage, backup.entry.key) if r["offset"] >= offset),
+                (r for r in read_records(self.storage, backup.key) if r["offset"] >= offset),
                 None,
             )
             if record is not None and record["offset"] == offset:
@@ -230,17 +305,29 @@ class ArchiveIndex:
         token = self.covering(partition, offset)
         found = self.manifest(token) if token else None
         keys = {e.key for e in found.files if e.kind != "backup"} if found else set()
-        keys |= {e.key for r in self.rebuilds() if backup.entry.key in r.sources for e in r.files}
+        keys |= {e.key for r in self.rebuilds() if backup.key in r.sources for e in r.files}
+        for sealing in self.seals():
+            keys |= set(sealing.holding(backup.key, partition, offset))
         for key in sorted(keys):
             here = self.entry(key)
-            if here is None or here.entry.partition != partition:
+            if here is None or not self._may_hold(here, backup.key, partition, offset):
                 continue
-            if not here.entry.first_offset <= offset <= here.entry.last_offset:
-                continue
-            row = _row_at(self.storage, here.entry, offset)
+            row = _row_at(self.storage, here, partition, offset)
             if row is not None:
                 return here, row
         return None, None
+
+    def _may_hold(self, here: Located, source: str, partition: int, offset: int) -> bool:
+        """Whether the file's offsets (a sealed file: its header's) take in `offset`."""
+        e = here.entry
+        if isinstance(e, FileEntry):
+            return e.partition == partition and e.first_offset <= offset <= e.last_offset
+        with self.storage.open_read(e.key) as f:
+            spans = sources_of(read_header(f).metadata) or []
+        return any(
+            s.source == source and s.partition == partition and s.first <= offset <= s.last
+            for s in spans
+        )
 
 
 def _legacy_rebuild(storage: Storage, key: str) -> Rebuild | None:
@@ -277,12 +364,15 @@ def quarantine_records(storage: Storage, keys: list[str]) -> Iterator[tuple[str,
             yield key, row
 
 
-def _row_at(storage: Storage, entry: FileEntry, offset: int) -> dict[str, Any] | None:
-    for row in read_records(storage, entry.key):
-        p, o = coordinates(entry.kind, row)
-        if p == entry.partition and o == offset:
+def _row_at(storage: Storage, here: Located, partition: int, offset: int) -> dict[str, Any] | None:
+    """The file's row of `partition`/`offset`. A run's or rebuild's file holds one partition in
+    offset order, so its scan stops past the offset; a sealed file is read through."""
+    ordered = isinstance(here.entry, FileEntry)
+    for row in read_records(storage, here.key):
+        p, o = coordinates(here.kind, row)
+        if p == partition and o == offset:
             return row
-        if o > offset:
+        if ordered and o > offset:
             return None
     return None
 

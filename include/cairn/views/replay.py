@@ -93,7 +93,7 @@ def plan_ranges(
 def archived_records(index: ArchiveIndex, r: Range) -> Iterator[dict[str, Any]]:
     """The backup records of range `r`, in offset order, reading only the files that meet it."""
     for located in index.backup_files(r.partition, r.start, r.end):
-        for row in read_records(index.storage, located.entry.key):
+        for row in read_records(index.storage, located.key):
             if row["offset"] >= r.end:
                 break
             if row["offset"] >= r.start:
