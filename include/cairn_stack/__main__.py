@@ -1,7 +1,9 @@
-"""`python -m cairn_stack up | down | status | demo | airflow …` — the local stack.
+"""`python -m cairn_stack up | down | status | demo | sql … | airflow …` — the local stack.
 
 `airflow …` runs the Airflow CLI against the stack (its home, database and connections), e.g.
 `python -m cairn_stack airflow backfill create --dag-id … --from-date … --to-date …`.
+`sql "SELECT …"` runs Spark SQL on the stack's Spark Connect server with its Iceberg catalog
+(`cairn_stack.sql`), e.g. `sql "SELECT count(*) FROM cairn.cairn.cairn_demo_events"`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cairn_stack import demo, services
+from cairn_stack import demo, services, sql
 from cairn_stack.process import StackError
 from cairn_stack.settings import StackSettings
 
@@ -72,8 +74,10 @@ def status(settings: StackSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cairn_stack", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "demo", "airflow"])
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="for `airflow`: its arguments")
+    parser.add_argument("command", choices=["up", "down", "status", "demo", "sql", "airflow"])
+    parser.add_argument(
+        "args", nargs=argparse.REMAINDER, help="for `airflow`: its arguments; for `sql`: a query"
+    )
     args = parser.parse_args(argv)
     settings = StackSettings()
     if args.command == "airflow":
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             down(settings)
         elif args.command == "status":
             return status(settings)
+        elif args.command == "sql":
+            if not args.args:
+                parser.error('sql needs a statement: sql "SELECT …"')
+            sql.show(settings, " ".join(args.args), Console())
         else:
             up(settings)
             demo.run(settings, console)

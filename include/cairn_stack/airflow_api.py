@@ -6,6 +6,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from typing import Any
 
 from cairn_stack.settings import StackSettings
@@ -88,6 +89,26 @@ class AirflowAPI:
                 return runs
             time.sleep(3)
         raise TimeoutError(f"runs of {dag_id} still unfinished after {timeout}s: {runs}")
+
+    def wait_for_partitions(
+        self, dag_id: str, keys: list[str], since: datetime, timeout: float
+    ) -> list[dict]:
+        """Wait until `dag_id` has a finished run for each partition key queued after `since`
+        (asset events queue them a moment after the run that announced them); those runs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = [
+                r
+                for r in self.runs(dag_id)
+                if r.get("partition_key") in keys
+                and datetime.fromisoformat(r["queued_at"]) >= since
+            ]
+            if {r["partition_key"] for r in runs} == set(keys) and all(
+                r["state"] in FINISHED for r in runs
+            ):
+                return runs
+            time.sleep(3)
+        raise TimeoutError(f"runs of {dag_id} for {keys} unfinished after {timeout}s: {runs}")
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         """A task attempt's log as the UI shows it."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import fastavro
 from confluent_kafka import KafkaException, Producer
@@ -17,8 +17,13 @@ from rich.console import Console
 from rich.table import Table
 
 from cairn.config import TopicConfig, dag_safe, find_topic
+from cairn.pipeline.proof import read_proof
 from cairn.protocol import commit
+from cairn.storage.layout import kind_folder
 from cairn.storage.objects import Storage
+from cairn.table import iceberg
+from cairn.table.catalog import NAMESPACE, table_name
+from cairn_stack import services, sql
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.process import StackError
 from cairn_stack.settings import StackSettings
@@ -112,9 +117,9 @@ def run(settings: StackSettings, console: Console) -> None:
 
     api = AirflowAPI(settings)
     dag_id = f"archive__{dag_safe(DEMO_TOPIC)}"
+    started = datetime.now(UTC)  # unpausing may queue a scheduled run before the trigger
     with console.status(f"waiting for Airflow to parse {dag_id} …"):
         api.wait_for_dag(dag_id)
-    started = datetime.now(UTC)
     run_id = api.trigger(dag_id)
     with console.status(f"archiving: DAG {dag_id} run {run_id} …"):
         runs = api.wait_for_runs(dag_id, timeout=900)
@@ -130,7 +135,13 @@ def run(settings: StackSettings, console: Console) -> None:
         raise StackError(
             f"demo: runs {failed} of {dag_id} failed; see them in {settings.airflow_url}"
         )
-    show_archive(find_topic(DEMO_TOPIC, settings.topics_file), console)
+    cfg = find_topic(DEMO_TOPIC, settings.topics_file)
+    show_archive(cfg, console)
+    announced = set()
+    for r in mine:
+        done = api.xcom(dag_id, r["dag_run_id"], "complete")
+        announced |= set(done["completed"]) | set(done["amended"])
+    seal(settings, api, cfg, sorted(announced), started, console)
     console.print(f"Runs and their summaries: {settings.airflow_url}/dags/{dag_id}")
     console.print(f"Overview of every topic: {settings.airflow_url}/plugin/cairn")
     console.print(
@@ -139,12 +150,62 @@ def run(settings: StackSettings, console: Console) -> None:
     )
 
 
+def seal(
+    settings: StackSettings,
+    api: AirflowAPI,
+    cfg: TopicConfig,
+    days: list[str],
+    since: datetime,
+    console: Console,
+) -> None:
+    """Wait for the seal DAG's runs of the dates the archive runs completed, then show each
+    sealed date and query the topic's Iceberg table."""
+    if not days:
+        console.print("no date is complete yet (a date completes an hour after it ends)")
+        return
+    dag_id = f"seal__{dag_safe(cfg.topic)}"
+    with console.status(f"sealing {', '.join(days)}: DAG {dag_id} …"):
+        runs = api.wait_for_partitions(dag_id, days, since, timeout=900)
+    failed = [r["dag_run_id"] for r in runs if r["state"] != "success"]
+    if failed:
+        raise StackError(
+            f"demo: runs {failed} of {dag_id} failed; see them in {settings.airflow_url}"
+        )
+    storage = Storage(cfg.root.storage_url)
+    found = iceberg.catalog_of(services.iceberg_catalog(settings, settings.catalog_warehouse))
+    name = f"{NAMESPACE}.{table_name(cfg.topic)}"
+    table = found.load_table(name)
+    shown = Table("date", "files before", "sealed files", "records", "table rows")
+    for day in map(date.fromisoformat, days):
+        proof = read_proof(storage, cfg, day)
+        if proof is None:
+            shown.add_row(str(day), "-", "-", "-", "not sealed: see the seal run's log")
+            continue
+        rows = iceberg.date_records(table, day)
+        counts = (proof.files_before, proof.files_after, proof.partitioned, rows)
+        shown.add_row(str(day), *map(str, counts))
+    full_name = f"{settings.catalog_name}.{name}"
+    console.print(f"Sealed dates: few files each, and Iceberg table {full_name}")
+    console.print(shown)
+    statement = (
+        f"SELECT action, count(*) AS events FROM {full_name} "
+        f"WHERE _event_date = DATE'{days[-1]}' GROUP BY action ORDER BY events DESC"
+    )
+    console.print(f"Spark SQL: {statement}")
+    sql.show(settings, statement, console)
+    console.print(
+        f'Try your own: .venv/bin/python -m cairn_stack sql "SELECT count(*) FROM {full_name}"\n'
+        f"Check a date against the backup: .venv/bin/python -m cairn verify {cfg.topic} "
+        f"--date {days[-1]}"
+    )
+
+
 def show_archive(cfg: TopicConfig, console: Console) -> None:
     """Files and records per output of the topic, and the newest token."""
     storage = Storage(cfg.root.storage_url)
     table = Table("output", "files", "records", "example")
     for kind in ("backup", "partitioned", "quarantine"):
-        keys = [k for k in storage.list(f"{kind}/{cfg.topic}") if k.endswith(".avro")]
+        keys = [k for k in storage.list(kind_folder(kind, cfg.topic)) if k.endswith(".avro")]
         records = sum(sum(1 for _ in fastavro.reader(storage.open_read(k))) for k in keys)
         table.add_row(kind, str(len(keys)), str(records), keys[0] if keys else "-")
     console.print(f"Archive root: {cfg.root.storage_url}")

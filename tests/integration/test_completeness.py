@@ -18,7 +18,7 @@ from cairn.storage.layout import proof_key
 from cairn.storage.objects import Storage
 from cairn.table import iceberg
 from cairn.table.catalog import table_name
-from cairn_stack import services
+from cairn_stack import services, sql
 from cairn_stack.demo import create_topic
 from tests.conftest import E2E_COMPLETE, E2E_PREFIX, E2E_WAREHOUSE
 from tests.integration.conftest import coords, read_archive
@@ -143,6 +143,15 @@ def test_the_archive_dag_marks_the_date_the_downstream_and_seal_dags_run_for_it(
         rows, "_kafka_partition", "_kafka_offset"
     )
     assert table.current_snapshot().summary["cairn.topic"] == E2E_COMPLETE
+    # and by Spark SQL, by name, as `python -m cairn_stack sql` runs it on the Spark Connect server
+    statement = (
+        f"SELECT _kafka_partition, _kafka_offset FROM cairn.cairn.{table_name(E2E_COMPLETE)} "
+        f"WHERE _event_date = DATE'{DAY}'"
+    )
+    columns, found = sql.query(airflow.settings, statement)
+    assert columns == ["_kafka_partition", "_kafka_offset"] and sorted(found) == coords(
+        rows, "_kafka_partition", "_kafka_offset"
+    )
 
 
 def failed_tasks(airflow, dag_id: str, runs: list[dict]) -> list[tuple[str, str, str]]:
