@@ -334,3 +334,37 @@ def test_the_table_takes_a_field_the_topic_schema_gained_and_keeps_the_older_dat
     by_date = Counter(rows.column("_event_date").to_pylist())
     assert by_date == {D1: first.partitioned, D2: second.partitioned}
     assert set(rows.column("coupon").to_pylist()) == {None}
+
+
+def test_a_seal_that_stopped_before_its_proof_or_had_no_table_is_sealed_again_whole(
+    tmp_path, storage
+):
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    records = day_records(storage, D2)
+    chosen = seal.select(storage, cfg, D2, "seal-run")
+    staged = commit.staged(storage, chosen.claim)
+    results = [
+        seal.seal_folder(chosen, i, cfg.codec, storage, staged, None)
+        for i in range(len(chosen.folders))
+    ]
+    seal.save_attempt(storage, chosen, results)
+    seal.commit_seal(storage, cfg, chosen)  # the commit task gave up here: no table, no proof
+    assert proof_of.read_proof(storage, cfg, D2) is None
+
+    again = sealed(storage, cfg, D2)
+    assert again is not None and day_records(storage, D2) == records
+    assert again.partitioned == sum(1 for k in records if k[0] == "p")
+    assert sealed(storage, cfg, D2) is None  # finished now
+
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    catalog = SqlCatalog(
+        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
+    )
+    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    with_table = sealed(storage, cfg, D2, catalog, table)  # a table now: the date goes in
+
+    assert with_table.table_records == again.partitioned and with_table.table == "cairn.orders"
+    assert sealed(storage, cfg, D2, catalog, table) is None

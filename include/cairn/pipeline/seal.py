@@ -63,11 +63,19 @@ from cairn.datafiles.sealed_file import (
 from cairn.errors import PermanentError
 from cairn.formats.base import output_schema
 from cairn.pipeline import completeness
-from cairn.pipeline.proof import Proof, SourceTally, merged, table_summary, write_proof
+from cairn.pipeline.proof import (
+    Proof,
+    SourceTally,
+    merged,
+    read_proof,
+    table_summary,
+    write_proof,
+)
 from cairn.pipeline.rebuild import day_versions
-from cairn.protocol import commit
+from cairn.protocol import commit, tokens
 from cairn.protocol.tokens import Sealed, Token
 from cairn.storage.layout import (
+    DataFile,
     kind_folder,
     manifest_key,
     parse_data_key,
@@ -199,20 +207,22 @@ def select(
     run_id: str,
     table: TableTarget | None = None,
 ) -> Selection | None:
-    """Claim a seal of `day`; None if it is not complete, has no files, or its unsealed part is
-    below the re-seal threshold."""
+    """Claim a seal of `day`; None if it is not complete, has no files, or was sealed to the
+    end (files, table, proof) and its unsealed part is below the re-seal threshold. A seal that
+    did not finish (its commit task gave up between the token and the proof) or that had no
+    table to write while `table` is now given is done again, whole."""
     topic = cfg.topic
     through = completeness.load_state(storage, topic).through
     if through is None or day > through:
         return None
     files = day_versions(storage, topic, cfg.path_format, day)
     unsealed = [f for f in files if not f.sealed]
-    if not unsealed:
-        return None
-    if len(unsealed) < len(files):  # sealed before: again only past the threshold
+    if len(unsealed) < len(files) and finished(storage, cfg, day, files, table):
         late = sum(_size(files[f]) for f in unsealed)
         if len(unsealed) < cfg.reseal_files and late < cfg.reseal_mb * 2**20:
             return None
+    if not files:
+        return None
     folders: dict[tuple[str, str], list[SealInput]] = defaultdict(list)
     for f, version in sorted(files.items(), key=lambda item: item[0].key):
         folders[f.kind, f.folder].append(
@@ -235,6 +245,25 @@ def select(
         storage, topic, "seal", newest, run_id, lambda c: made(c).model_dump_json().encode()
     )
     return made(claim)
+
+
+def finished(
+    storage: Storage,
+    cfg: TopicConfig,
+    day: date,
+    files: dict[DataFile, str],
+    table: TableTarget | None,
+) -> bool:
+    """Whether the date's sealed files are those of the seal its proof names, and that seal
+    wrote the table `table` (if one is given)."""
+    proof = read_proof(storage, cfg, day)
+    if proof is None or (table is not None and proof.table != table.identifier):
+        return False
+    try:
+        token = tokens.token_at(storage, cfg.topic, proof.token_seq)
+    except (FileNotFoundError, tokens.CorruptToken):
+        return False
+    return token.kind == "seal" and {f.key for f in files if f.sealed} == set(token.adds)
 
 
 def load_selection(storage: Storage, claim_key: str) -> Selection:
