@@ -22,7 +22,7 @@ from cairn.protocol import commit
 from cairn.storage.layout import kind_folder
 from cairn.storage.objects import Storage
 from cairn.table import iceberg
-from cairn.table.catalog import NAMESPACE, table_name
+from cairn.table.catalog import NAMESPACE, spark_table, table_name
 from cairn_stack import services, sql
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.process import StackError
@@ -172,9 +172,8 @@ def seal(
             f"demo: runs {failed} of {dag_id} failed; see them in {settings.airflow_url}"
         )
     storage = Storage(cfg.root.storage_url)
-    found = iceberg.catalog_of(services.iceberg_catalog(settings, settings.catalog_warehouse))
-    name = f"{NAMESPACE}.{table_name(cfg.topic)}"
-    table = found.load_table(name)
+    stack_catalog = services.iceberg_catalog(settings, settings.catalog_warehouse)
+    table = iceberg.catalog_of(stack_catalog).load_table(f"{NAMESPACE}.{table_name(cfg.topic)}")
     shown = Table("date", "files before", "sealed files", "records", "table rows")
     for day in map(date.fromisoformat, days):
         proof = read_proof(storage, cfg, day)
@@ -184,7 +183,7 @@ def seal(
         rows = iceberg.date_records(table, day)
         counts = (proof.files_before, proof.files_after, proof.partitioned, rows)
         shown.add_row(str(day), *map(str, counts))
-    full_name = f"{settings.catalog_name}.{name}"
+    full_name = spark_table(stack_catalog, cfg.topic)
     console.print(f"Sealed dates: few files each, and Iceberg table {full_name}")
     console.print(shown)
     statement = (

@@ -136,7 +136,7 @@ def test_the_archive_dag_marks_the_date_the_downstream_and_seal_dags_run_for_it(
         stack_settings, E2E_WAREHOUSE.format(bucket=stack_settings.bucket)
     )
     table = iceberg.catalog_of(stack_catalog).load_table(f"cairn.{table_name(E2E_COMPLETE)}")
-    rows = table.scan(row_filter=EqualTo("_event_date", DAY)).to_pylist()
+    rows = table.scan(row_filter=EqualTo("_event_date", DAY)).to_arrow().to_pylist()
     archived = [r for f, r in read_archive(storage, E2E_COMPLETE).partitioned if str(DAY) in f]
     assert coords(rows, "_kafka_partition", "_kafka_offset") == [(0, 0), (1, 0), (1, 1), (1, 2)]
     assert coords(archived, "_kafka_partition", "_kafka_offset") == coords(
