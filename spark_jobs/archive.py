@@ -22,7 +22,6 @@ instead when its Spark connection is a `spark_connect` one (no JVM starts per ru
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import secrets
@@ -34,10 +33,11 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
-from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.config import TopicConfig, find_topic
 from cairn.datafiles.writer import PartitionResult, write_partition
 from cairn.errors import permanent_exit
 from cairn.formats import fastpath, registries_from_env
+from cairn.jobs import job_args
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
 from cairn.pipeline.plan import kafka_assign_json, kafka_json_offsets
@@ -135,19 +135,11 @@ def archive(
     return save_attempt(cfg, storage, planned, results)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--claim", required=True, help="key of the claim holding the plan")
-    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
-    return parser.parse_args(argv)
-
-
 def run(spark: SparkSession, argv: Sequence[str]) -> str:
     """The job on a session, from its arguments and environment: what `main` does under
     spark-submit, and what the Airflow task does on a Spark Connect session (the same arguments,
     the secrets in the same variables). Returns a one-line summary."""
-    args = parse_args(argv)
+    args = job_args(__doc__.splitlines()[0], argv)
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
     kafka = KafkaConf.from_env(os.environ)
@@ -162,7 +154,7 @@ def run(spark: SparkSession, argv: Sequence[str]) -> str:
 
 
 def main() -> None:
-    args = parse_args()
+    args = job_args(__doc__.splitlines()[0])
     spark = SparkSession.builder.appName(f"cairn-archive-{args.topic}").getOrCreate()
     with permanent_exit():
         summary = run(spark, sys.argv[1:])

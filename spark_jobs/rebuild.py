@@ -17,7 +17,6 @@ topics) from CAIRN_SCHEMA_REGISTRIES.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -25,9 +24,10 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.config import TopicConfig, find_topic
 from cairn.errors import permanent_exit
 from cairn.formats import registries_from_env
+from cairn.jobs import job_args
 from cairn.pipeline.rebuild import (
     RebuildResult,
     Selection,
@@ -73,19 +73,11 @@ def rebuild(spark: SparkSession, chosen: Selection, cfg: TopicConfig, options: d
     return save_attempt(storage, chosen, results)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--claim", required=True, help="key of the claim holding the selection")
-    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
-    return parser.parse_args(argv)
-
-
 def run(spark: SparkSession, argv: Sequence[str]) -> str:
     """The job on a session, from its arguments and environment: what `main` does under
     spark-submit, and what the Airflow task does on a Spark Connect session. Returns a
     one-line summary."""
-    args = parse_args(argv)
+    args = job_args(__doc__.splitlines()[0], argv)
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
     chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
@@ -97,7 +89,7 @@ def run(spark: SparkSession, argv: Sequence[str]) -> str:
 
 
 def main() -> None:
-    args = parse_args()
+    args = job_args(__doc__.splitlines()[0])
     spark = SparkSession.builder.appName(f"cairn-rebuild-{args.topic}").getOrCreate()
     with permanent_exit():
         summary = run(spark, sys.argv[1:])

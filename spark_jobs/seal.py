@@ -14,7 +14,6 @@ JSON) come from CAIRN_STORAGE_OPTIONS, the table's (its warehouse's) from CAIRN_
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,8 +23,9 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.config import TopicConfig, find_topic
 from cairn.errors import permanent_exit
+from cairn.jobs import job_args
 from cairn.pipeline.seal import FolderResult, Selection, load_selection, save_attempt, seal_folder
 from cairn.protocol import commit
 from cairn.storage.objects import Storage, options_from_env
@@ -68,18 +68,10 @@ def seal(
     return save_attempt(storage, chosen, results)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--claim", required=True, help="key of the claim holding the selection")
-    parser.add_argument("--topics-file", default=str(TOPICS_FILE))
-    return parser.parse_args(argv)
-
-
 def run(spark: SparkSession, argv: Sequence[str]) -> str:
     """The job on a session (what `main` does under spark-submit, and the Airflow task on a
     Spark Connect session). Returns a one-line summary."""
-    args = parse_args(argv)
+    args = job_args(__doc__.splitlines()[0], argv)
     cfg = find_topic(args.topic, args.topics_file)
     options = options_from_env()
     chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
@@ -88,7 +80,7 @@ def run(spark: SparkSession, argv: Sequence[str]) -> str:
 
 
 def main() -> None:
-    args = parse_args()
+    args = job_args(__doc__.splitlines()[0])
     spark = SparkSession.builder.appName(f"cairn-seal-{args.topic}").getOrCreate()
     with permanent_exit():
         summary = run(spark, sys.argv[1:])

@@ -182,25 +182,15 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
         results = load_attempt(storage, chosen.manifest_key).results
         new_files = _accounted(chosen, results)
         verify_rebuild(commit.staged(storage, claim), new_files)
-        old = {key: version for s in chosen.sources for key, version in s.files.items()}
-        new = {f.key: f.bytes for f in new_files}
-        return commit.Change(
-            requirements=[
-                commit.NotRewound(),
-                commit.FilesCurrent(old),
-                commit.NothingOverwritten(new, old),
-            ],
-            adds=new,
-            replaces=sorted(old),
-            fields={
-                "generation": cfg.generation,
-                "manifest": chosen.manifest_key,
-                "rebuilt": Rebuilt(
-                    dates=chosen.dates,
-                    snapshot_seq=claim.base_seq,
-                    sources=[s.key for s in chosen.sources],
-                ),
-            },
+        rebuilt = Rebuilt(
+            dates=chosen.dates,
+            snapshot_seq=claim.base_seq,
+            sources=[s.key for s in chosen.sources],
+        )
+        return commit.replacing(
+            {key: version for s in chosen.sources for key, version in s.files.items()},
+            {f.key: f.bytes for f in new_files},
+            {"generation": cfg.generation, "manifest": chosen.manifest_key, "rebuilt": rebuilt},
         )
 
     try:

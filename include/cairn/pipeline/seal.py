@@ -371,28 +371,18 @@ def commit_seal(storage: Storage, cfg: TopicConfig, chosen: Selection) -> tuple[
         attempt = load_attempt(storage, chosen.manifest_key)
         _check(storage, chosen, attempt)
         proof = attempt.proof(chosen)
-        sealed = {f.key: f.bytes for f in attempt.sealed}
-        inputs = {key: i.version for key, i in chosen.inputs.items()}
-        return commit.Change(
-            requirements=[
-                commit.NotRewound(),
-                commit.FilesCurrent(inputs),
-                commit.NothingOverwritten(sealed, inputs),
-            ],
-            adds=sealed,
-            replaces=sorted(inputs),
-            fields={
-                "generation": chosen.generation,
-                "manifest": chosen.manifest_key,
-                "sealed": Sealed(
-                    date=chosen.date,
-                    files_before=proof.files_before,
-                    files_after=proof.files_after,
-                    partitioned=proof.partitioned,
-                    quarantined=proof.quarantined,
-                    checksum=proof.checksum,
-                ),
-            },
+        sealed = Sealed(
+            date=chosen.date,
+            files_before=proof.files_before,
+            files_after=proof.files_after,
+            partitioned=proof.partitioned,
+            quarantined=proof.quarantined,
+            checksum=proof.checksum,
+        )
+        return commit.replacing(
+            {key: i.version for key, i in chosen.inputs.items()},
+            {f.key: f.bytes for f in attempt.sealed},
+            {"generation": chosen.generation, "manifest": chosen.manifest_key, "sealed": sealed},
         )
 
     try:

@@ -275,6 +275,18 @@ class Change:
     """The kind's own token fields (counts, manifest, gaps, ...)."""
 
 
+def replacing(old: dict[str, str], new: dict[str, int], fields: dict[str, Any]) -> Change:
+    """A change that replaces files (a rebuild, a seal): `new` (key: size) takes the place of
+    `old` (key: version as selected) only if those are still the files there, nothing else is
+    overwritten, and the topic was not rewound meanwhile."""
+    return Change(
+        requirements=[NotRewound(), FilesCurrent(old), NothingOverwritten(new, old)],
+        adds=new,
+        replaces=sorted(old),
+        fields=fields,
+    )
+
+
 def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Token:
     """Commit `claim`'s attempt: the one place a token is created. Returns its token.
 
