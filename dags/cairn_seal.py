@@ -5,7 +5,7 @@ A run per date the archive or rebuild DAG announces as complete or changed (the 
 one partition key per date): select → seal (Spark) → commit. A date already sealed is sealed
 again only once its unsealed part (late records, a rebuild) passes `reseal_files` or
 `reseal_mb`; otherwise the run stops at select. Trigger it by hand with the `date` param to seal
-a date now, or clear a run to seal its date again.
+a date now (asset-scheduled DAGs have no backfill).
 """
 
 from __future__ import annotations
