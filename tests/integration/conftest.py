@@ -4,6 +4,7 @@ DAG drives it (plan → clean → Spark → verify → commit), and a reader of 
 from __future__ import annotations
 
 import io
+import json
 import textwrap
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from cairn.pipeline import archive_run, rebuild
 from cairn.protocol import rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
+from cairn_stack.settings import StackSettings
 from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
 
@@ -144,3 +146,13 @@ def read_archive(storage: Storage, topic: str) -> ArchiveContents:
 
 def coords(rows: list[dict], partition: str = "partition", offset: str = "offset") -> list:
     return sorted((r[partition], r[offset]) for r in rows)
+
+
+def stack_env(settings: StackSettings) -> dict[str, str]:
+    """`CAIRN_*` variables under which `python -m cairn_stack …` finds the test stack, not the
+    default one (StackSettings reads them; lists and mappings as JSON)."""
+    found = {}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is not None:
+            found[f"CAIRN_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return found

@@ -71,8 +71,10 @@ def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
     assert archive["catchup"] is False
     assert "cairn_discover_topics" in parsed["dags"]
     rebuild = parsed["dags"]["rebuild__cairn__dot__demo__dot__events"]
-    assert rebuild["tasks"] == ["announce", "complete", "rebuild", "report", "select"]
+    assert rebuild["tasks"] == ["announce", "commit", "complete", "rebuild", "select"]
     assert rebuild["max_active_runs"] == 1 and rebuild["catchup"] is False
+    seal = parsed["dags"]["seal__cairn__dot__demo__dot__events"]
+    assert seal["tasks"] == ["commit", "seal", "select"]
 
 
 def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: Path) -> None:
