@@ -51,6 +51,7 @@ from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run
 from cairn.protocol import manifest
 from cairn.storage.objects import Storage
+from cairn.views import status
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
@@ -452,7 +453,7 @@ class Round:
     plan_clean_seconds: float
     verify_seconds: float
     commit_seconds: float
-    summary: archive_run.Summary
+    summary: status.RunRecord
     storage: Storage
     task_seconds: list[float]
     load: list[float]

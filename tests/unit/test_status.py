@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -24,10 +25,13 @@ def record(
         planned_at=T0 + timedelta(minutes=seq),
         committed_at=T0 + timedelta(minutes=seq, seconds=30),
         duration_seconds=30.0,
-        records_read=read,
-        records_partitioned=read - quarantined,
-        records_quarantined=quarantined,
-        bytes_written=100 * read,
+        counts=Counts(
+            read=read,
+            backup=read,
+            partitioned=read - quarantined,
+            quarantined=quarantined,
+            bytes=100 * read,
+        ),
         offset_lag={0: 5, 1: 0},
         time_lag_seconds=time_lag,
         lag_error=None,
@@ -158,3 +162,14 @@ def test_time_lag_and_quarantine_ratio_over_their_limits_are_breaches() -> None:
         topic="orders", last=record(2, time_lag=None), quarantine_ratio=None
     )
     assert alerts.breaches(cfg(), unknown) == []
+
+
+def test_a_record_saved_before_counts_were_one_field_still_loads(storage) -> None:
+    """Records written by earlier versions held the counts as four fields of their own."""
+    old = record(1).model_dump(mode="json", exclude={"counts", "ranges", "more_waiting", "gaps"})
+    old |= {"records_read": 9, "records_partitioned": 7, "records_quarantined": 2}
+    old["bytes_written"] = 900
+    storage.write(status.key("orders", 1), json.dumps(old).encode())
+    (loaded,) = status.recent(storage, "orders")
+    assert loaded.counts == Counts(read=9, backup=9, partitioned=7, quarantined=2, bytes=900)
+    assert status.quarantine_ratio([loaded]) == 2 / 9

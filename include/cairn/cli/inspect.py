@@ -281,8 +281,8 @@ def _last_run(last: RunRecord | None, newest: Token | None) -> str:
     """The last run's time and records, from its run record (else from its token)."""
     if last is not None:
         return (
-            f"{show_time(last.committed_at)} token {last.seq}: {last.records_read} read, "
-            f"{last.records_quarantined} quarantined"
+            f"{show_time(last.committed_at)} token {last.seq}: {last.counts.read} read, "
+            f"{last.counts.quarantined} quarantined"
         )
     if newest is not None:
         return f"{show_time(newest.created_at)} token {newest.seq}: {newest.counts.read} read"

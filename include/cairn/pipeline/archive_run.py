@@ -69,28 +69,6 @@ class Planned(BaseModel):
         return commit.staged(storage, self.claim)
 
 
-class Summary(BaseModel):
-    """What a committed run read and wrote, and how far behind Kafka the topic still is."""
-
-    topic: str
-    seq: int
-    ranges: dict[int, tuple[int, int]]
-    counts: tokens.Counts
-    offset_lag: dict[int, int]
-    time_lag_seconds: float | None
-    """Age of the oldest record not yet archived (0 when caught up; None if Kafka did not say)."""
-    more_waiting: bool
-    gaps: list[tokens.Gap]
-    lag_error: str | None = None
-    """Why the lag is unknown: the token is committed all the same."""
-    partition_time_lag_seconds: dict[int, float] = {}
-    """`time_lag_seconds` per partition (0 where caught up)."""
-    consumer_group: str | None = None
-    """The consumer group the token's offsets were committed to (None: not committed)."""
-    consumer_group_error: str | None = None
-    """Why committing them failed: the token is committed all the same."""
-
-
 def load_planned(storage: Storage, claim_key: str) -> Planned:
     """The plan stored in a claim object (how the Spark job receives it)."""
     return Planned.model_validate_json(storage.read(claim_key))
@@ -211,19 +189,20 @@ def commit_run(
     planned: Planned,
     report: manifest.VerifyReport,
     kafka: KafkaConf,
-) -> Summary:
-    """Commit the run (`commit_token`); only now is its output archived.
+) -> status.RunRecord:
+    """Commit the run (`commit_token`); only now is its output archived. Returns the run's
+    record (`cairn.views.status`).
 
     Then, best effort (the token stands whatever happens): the topic's consumer group gets the
     token's offsets and the run its status record.
     """
     token = commit_token(cfg, storage, planned, report, kafka)
-    summary = _summary(planned, token.seq, report, kafka)
+    record = _run_record(planned, token, report, kafka)
     newest = not tokens.seqs(storage, planned.topic, after=token.seq)
     if cfg.commit_consumer_group and newest:  # a late retry must not move the group back
-        summary = _commit_group(cfg, kafka, summary, planned.plan.next_offsets)
-    status.save(storage, run_record(planned, token.seq, report, summary, token.created_at))
-    return summary
+        record = _commit_group(cfg, kafka, record, planned.plan.next_offsets)
+    status.save(storage, record)
+    return record
 
 
 def commit_token(
@@ -257,40 +236,9 @@ def commit_token(
     return commit.commit(storage, planned.claim, change)
 
 
-def run_record(
-    planned: Planned,
-    seq: int,
-    report: manifest.VerifyReport,
-    summary: Summary,
-    committed_at: datetime,
-) -> status.RunRecord:
-    """The status record of a committed run."""
-    counts = report.counts
-    return status.RunRecord(
-        topic=planned.topic,
-        seq=seq,
-        run_id=planned.run_id,
-        planned_at=planned.planned_at,
-        committed_at=committed_at,
-        duration_seconds=max(0.0, (committed_at - planned.planned_at).total_seconds()),
-        records_read=counts.read,
-        records_partitioned=counts.partitioned,
-        records_quarantined=counts.quarantined,
-        bytes_written=counts.bytes,
-        offset_lag=summary.offset_lag,
-        time_lag_seconds=summary.time_lag_seconds,
-        lag_error=summary.lag_error,
-        next_offsets=planned.plan.next_offsets,
-        partition_time_lag_seconds=summary.partition_time_lag_seconds,
-        partition_counts=report.partitions,
-        consumer_group=summary.consumer_group,
-        consumer_group_error=summary.consumer_group_error,
-    )
-
-
 def _commit_group(
-    cfg: TopicConfig, kafka: KafkaConf, summary: Summary, offsets: dict[int, int]
-) -> Summary:
+    cfg: TopicConfig, kafka: KafkaConf, summary: status.RunRecord, offsets: dict[int, int]
+) -> status.RunRecord:
     """Give the topic's consumer group the token's offsets; a failure is reported, not raised."""
     group = cfg.group_id
     try:
@@ -330,10 +278,10 @@ class SameTopic:
             )
 
 
-def _summary(
-    planned: Planned, seq: int, report: manifest.VerifyReport, kafka: KafkaConf
-) -> Summary:
-    """The run summary; Kafka failing to report lag does not undo a committed run."""
+def _run_record(
+    planned: Planned, token: tokens.Token, report: manifest.VerifyReport, kafka: KafkaConf
+) -> status.RunRecord:
+    """The run's record; Kafka failing to report lag does not undo a committed run."""
     next_offsets = planned.plan.next_offsets
     offset_lag: dict[int, int] = {}
     time_lag: float | None = None
@@ -352,15 +300,21 @@ def _summary(
         error = f"{type(err).__name__}: {err}"
         partition_lag = {}
         log.warning("topic %s: lag unknown after commit: %s", planned.topic, error)
-    return Summary(
+    return status.RunRecord(
         topic=planned.topic,
-        seq=seq,
+        seq=token.seq,
+        run_id=planned.run_id,
+        planned_at=planned.planned_at,
+        committed_at=token.created_at,
+        duration_seconds=max(0.0, (token.created_at - planned.planned_at).total_seconds()),
         ranges=planned.plan.to_read,
         counts=report.counts,
-        offset_lag=offset_lag,
-        time_lag_seconds=time_lag,
         more_waiting=planned.plan.capped,
         gaps=planned.plan.gaps,
+        offset_lag=offset_lag,
+        time_lag_seconds=time_lag,
         lag_error=error,
+        next_offsets=next_offsets,
         partition_time_lag_seconds=partition_lag,
+        partition_counts=report.partitions,
     )

@@ -168,7 +168,7 @@ def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> To
         offset_lag_trend=[sum(r.offset_lag.values()) for r in oldest_first],
         time_lag_trend=[r.time_lag_seconds for r in oldest_first if r.time_lag_seconds is not None],
         last=last,
-        quarantined=sum(r.records_quarantined for r in recent),
+        quarantined=sum(r.counts.quarantined for r in recent),
         quarantine_ratio=status.quarantine_ratio(recent),
         last_complete=completeness.last_complete(storage, topic),
     )

@@ -2,8 +2,9 @@
 
 The token says where a topic stands; it does not say how far behind Kafka the topic was when the
 run committed, nor how long the run took. A `RunRecord` keeps that, in
-`_status/<topic>/<seq:012d>.json`. It is written after the token, best effort: it describes the
-archive and is never part of it, so a failure to write it is logged and the commit stands.
+`_status/<topic>/<seq:012d>.json`; the same record is what the archive DAG's `commit` task
+returns (its XCom). It is written after the token, best effort: it describes the archive and is
+never part of it, so a failure to write it is logged and the commit stands.
 
 Only the newest `KEEP` records of a topic are kept (each save deletes the one `KEEP` runs
 older), so reading the recent history is one listing however long the topic has been archived.
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from cairn.protocol.tokens import Counts
+from cairn.protocol.tokens import Counts, Gap
 from cairn.storage.layout import status_folder, status_key
 from cairn.storage.objects import Storage
 
@@ -29,7 +31,7 @@ KEEP = 1000
 
 
 class RunRecord(BaseModel):
-    """What one committed run read and wrote, and how far behind Kafka it left the topic."""
+    """What one committed archive run read and wrote, and how far behind Kafka it left the topic."""
 
     topic: str
     seq: int
@@ -38,10 +40,14 @@ class RunRecord(BaseModel):
     committed_at: datetime
     duration_seconds: float
     """From planning to the token's creation."""
-    records_read: int
-    records_partitioned: int
-    records_quarantined: int
-    bytes_written: int
+    ranges: dict[int, tuple[int, int]] = Field(default_factory=dict)
+    """The offsets read per partition, `[first, end)`."""
+    counts: Counts
+    """What the run read and wrote (the token's counts)."""
+    more_waiting: bool = False
+    """The run stopped at the per-run cap: Kafka held more (the DAG starts the next run now)."""
+    gaps: list[Gap] = Field(default_factory=list)
+    """Offsets lost to retention before archiving, accepted by `accept_gaps`."""
     offset_lag: dict[int, int]
     """Records per partition Kafka held beyond the committed position, just after commit."""
     time_lag_seconds: float | None
@@ -59,6 +65,22 @@ class RunRecord(BaseModel):
     """The Kafka consumer group the token's offsets were committed to (None: not committed)."""
     consumer_group_error: str | None = None
     """Why committing the consumer group's offsets failed (the token stands all the same)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_format(cls, data: Any) -> Any:
+        """Records saved before `counts` held the run's counts as four fields."""
+        if isinstance(data, dict) and "counts" not in data and "records_read" in data:
+            data = dict(data)
+            read = data.pop("records_read")
+            data["counts"] = Counts(
+                read=read,
+                backup=read,
+                partitioned=data.pop("records_partitioned", 0),
+                quarantined=data.pop("records_quarantined", 0),
+                bytes=data.pop("bytes_written", 0),
+            )
+        return data
 
 
 class TopicStatus(BaseModel):
@@ -160,5 +182,5 @@ def topic_status(storage: Storage, topic: str, limit: int = 50) -> TopicStatus:
 
 def quarantine_ratio(runs: list[RunRecord]) -> float | None:
     """Quarantined per read over `runs`; None when they read nothing (no evidence either way)."""
-    read = sum(r.records_read for r in runs)
-    return sum(r.records_quarantined for r in runs) / read if read else None
+    read = sum(r.counts.read for r in runs)
+    return sum(r.counts.quarantined for r in runs) / read if read else None
