@@ -24,7 +24,7 @@ import time
 import urllib.request
 from datetime import UTC, datetime
 
-from cairn.config import dag_safe
+from cairn import dag_ids
 from cairn_stack.airflow_api import FINISHED, AirflowAPI
 from cairn_stack.demo import DEMO_TOPIC, create_topic, produce, sample_events
 from cairn_stack.settings import StackSettings
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = StackSettings()
     api = AirflowAPI(settings)
-    dag_id = f"archive__{dag_safe(DEMO_TOPIC)}"
+    dag_id = dag_ids.dag_id("archive", DEMO_TOPIC)
     create_topic(settings.bootstrap_servers, DEMO_TOPIC, partitions=3)
     api.wait_for_dag(dag_id)
     for _ in range(args.warmup):

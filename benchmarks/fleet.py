@@ -61,7 +61,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from croniter import croniter
 
-from cairn.config import INCLUDE_DIR, TopicConfig, dag_safe, load_topics
+from cairn.config import INCLUDE_DIR, TopicConfig, load_topics
+from cairn.dag_ids import dag_id
 from cairn.protocol import commit
 from cairn.storage.layout import head_key
 from cairn.storage.objects import Storage
@@ -87,7 +88,7 @@ def topic_names(count: int) -> list[str]:
 
 
 def archive_id(topic: str) -> str:
-    return f"archive__{dag_safe(topic)}"
+    return dag_id("archive", topic)
 
 
 def interval_seconds(schedule: str) -> float:
@@ -120,7 +121,7 @@ def fleet_task_instances(api: AirflowAPI, since: datetime, **params: Any) -> lis
 
 def unfinished_fleet_runs(api: AirflowAPI) -> list[dict]:
     runs = query(api, "/api/v2/dags/~/dagRuns", "dag_runs", state=["queued", "running"])
-    return [r for r in runs if dag_safe(PREFIX) in r["dag_id"]]
+    return [r for r in runs if PREFIX in r["dag_id"]]
 
 
 # --- the topics file ------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def task_log_events(settings: StackSettings, since: datetime) -> dict[str, Any]:
     parse_ms: list[float] = []
     timeouts = rescheduled = 0
     stamp = since.strftime("%Y-%m-%dT%H:%M:%S")
-    for path in logs.glob(f"dag_id=*{dag_safe(PREFIX)}*/**/*.log"):
+    for path in logs.glob(f"dag_id=*{PREFIX}*/**/*.log"):
         for line in path.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 event = json.loads(line)
@@ -421,7 +422,7 @@ def wait_for_fleet_dags(api: AirflowAPI, names: list[str], timeout: float) -> fl
     wanted = {archive_id(t) for t in names}
     while True:
         try:
-            dags = query(api, "/api/v2/dags", "dags", dag_id_pattern=dag_safe(PREFIX))
+            dags = query(api, "/api/v2/dags", "dags", dag_id_pattern=PREFIX)
         except OSError:  # an overloaded api-server times out (30 s): ask again
             continue
         parsed = {d["dag_id"] for d in dags} & wanted
@@ -485,19 +486,19 @@ def cleanup(
     notes: list[str] = []
     if keep:
         return notes
-    ids = [f"{kind}__{dag_safe(t)}" for t in names for kind in ("archive", "rebuild")]
+    ids = [dag_id(kind, t) for t in names for kind in ("archive", "rebuild")]
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:  # the DAG processor must drop them first
         with contextlib.suppress(RuntimeError):
             if all(api.call("GET", f"/api/v2/dags/{i}")["is_stale"] for i in (ids[0], ids[-1])):
                 break
         time.sleep(5)
-    for dag_id in ids:
+    for each in ids:
         try:
-            api.call("DELETE", f"/api/v2/dags/{dag_id}")
+            api.call("DELETE", f"/api/v2/dags/{each}")
         except RuntimeError as err:
             if ": 404 " not in str(err):
-                notes.append(f"DAG {dag_id} not deleted: {err}")
+                notes.append(f"DAG {each} not deleted: {err}")
     for topic in names:
         with contextlib.suppress(RuntimeError):
             api.call("DELETE", f"/api/v2/variables/cairn_time_lag.{topic}")

@@ -15,25 +15,18 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
-from cairn.config import TopicConfig, dag_safe
+from cairn.config import TopicConfig
+from cairn.dag_ids import dag_id
 from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
-from cairn_airflow import (
-    CairnSparkOperator,
-    announce_dates,
-    archive_dag_id,
-    archive_deadline,
-    check_health,
-    fail_fast,
-    kafka_conf,
-    notifier,
-    report_run,
-    storage,
-    topic_asset,
-    topic_doc,
-    topics_to_build,
-)
+from cairn_assets import announce_dates, topic_asset
+from cairn_connections import kafka_conf, storage
+from cairn_dags import topic_doc, topics_to_build
+from cairn_failures import fail_fast
+from cairn_notifier import archive_deadline, check_health, notifier
 from cairn_priority import LAG_FIRST, remember_lag
+from cairn_spark_operator import CairnSparkOperator
+from cairn_stats import report_run
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +41,9 @@ DEFAULT_ARGS = {
 
 def archive_dag(cfg: TopicConfig) -> DAG:
     topic = cfg.topic
-    dag_id = archive_dag_id(topic)
     asset = topic_asset(topic)
     with DAG(
-        dag_id=dag_id,
+        dag_id=dag_id("archive", topic),
         dag_display_name=f"{topic} · archive",
         description=f"Archive Kafka topic {topic} into {cfg.archive_root}",
         schedule=cfg.archive_schedule,
@@ -150,10 +142,10 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         announce(done)
         health(summary)
         more_waiting(summary) >> TriggerDagRunOperator(
-            task_id="drain_backlog", trigger_dag_id=dag_id
+            task_id="drain_backlog", trigger_dag_id=dag.dag_id
         )
     return dag
 
 
-for _cfg in topics_to_build(archive_dag_id):
-    globals()[f"archive__{dag_safe(_cfg.topic)}"] = archive_dag(_cfg)
+for _cfg in topics_to_build("archive"):
+    globals()[dag_id("archive", _cfg.topic)] = archive_dag(_cfg)

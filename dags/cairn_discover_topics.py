@@ -12,7 +12,9 @@ from datetime import datetime
 from airflow.sdk import DAG, Variable, task
 
 from cairn.kafka import cluster
-from cairn_airflow import TOPICS_VARIABLE, fail_fast, kafka_conf
+from cairn_connections import kafka_conf
+from cairn_dags import TOPICS_VARIABLE
+from cairn_failures import fail_fast
 
 with DAG(
     dag_id="cairn_discover_topics",

@@ -16,20 +16,16 @@ from datetime import date, datetime, timedelta
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
 
-from cairn.config import TopicConfig, dag_safe
+from cairn.config import TopicConfig
+from cairn.dag_ids import dag_id
 from cairn.errors import PermanentError
 from cairn.pipeline import completeness, rebuild
 from cairn.protocol import tokens
-from cairn_airflow import (
-    CairnSparkOperator,
-    announce_dates,
-    fail_fast,
-    rebuild_dag_id,
-    storage,
-    topic_asset,
-    topic_doc,
-    topics_to_build,
-)
+from cairn_assets import announce_dates, topic_asset
+from cairn_connections import storage
+from cairn_dags import topic_doc, topics_to_build
+from cairn_failures import fail_fast
+from cairn_spark_operator import CairnSparkOperator
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +60,7 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
     topic = cfg.topic
     asset = topic_asset(topic)
     with DAG(
-        dag_id=rebuild_dag_id(topic),
+        dag_id=dag_id("rebuild", topic),
         dag_display_name=f"{topic} · rebuild",
         description=f"Re-derive dates of {topic}'s parsed output from the backup",
         schedule=CronDataIntervalTimetable("0 0 * * *", timezone=cfg.timezone),
@@ -135,6 +131,6 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in topics_to_build(rebuild_dag_id):
+for _cfg in topics_to_build("rebuild"):
     if _cfg.parses:
-        globals()[f"rebuild__{dag_safe(_cfg.topic)}"] = rebuild_dag(_cfg)
+        globals()[dag_id("rebuild", _cfg.topic)] = rebuild_dag(_cfg)

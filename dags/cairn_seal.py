@@ -16,27 +16,21 @@ from datetime import date, datetime
 
 from airflow.sdk import DAG, Param, PartitionedAssetTimetable, get_current_context, task
 
-from cairn.config import TopicConfig, dag_safe
+from cairn.config import TopicConfig
+from cairn.dag_ids import dag_id
 from cairn.errors import PermanentError
-from cairn_airflow import (
-    CairnSparkOperator,
-    fail_fast,
-    storage,
-    topic_asset,
-    topic_doc,
-    topics_to_build,
-)
+from cairn_assets import topic_asset
 from cairn_catalog import catalog
+from cairn_connections import storage
+from cairn_dags import topic_doc, topics_to_build
+from cairn_failures import fail_fast
+from cairn_spark_operator import CairnSparkOperator
 
 log = logging.getLogger(__name__)
 
 
 class NoDate(PermanentError):
     """The run names no date to seal."""
-
-
-def seal_dag_id(topic: str) -> str:
-    return f"seal__{dag_safe(topic)}"
 
 
 def run_date(context: dict) -> date:
@@ -61,7 +55,7 @@ def table_env() -> dict[str, str]:
 def seal_dag(cfg: TopicConfig) -> DAG:
     topic = cfg.topic
     with DAG(
-        dag_id=seal_dag_id(topic),
+        dag_id=dag_id("seal", topic),
         dag_display_name=f"{topic} · seal",
         description=f"Seal the complete dates of {topic}",
         schedule=PartitionedAssetTimetable(assets=topic_asset(topic)),
@@ -119,6 +113,6 @@ def seal_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in topics_to_build(seal_dag_id):
+for _cfg in topics_to_build("seal"):
     if _cfg.seals:
-        globals()[seal_dag_id(_cfg.topic)] = seal_dag(_cfg)
+        globals()[dag_id("seal", _cfg.topic)] = seal_dag(_cfg)

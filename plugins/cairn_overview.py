@@ -41,8 +41,10 @@ from markupsafe import Markup
 from sqlalchemy import select
 
 from cairn.config import TopicConfig
+from cairn.dag_ids import dag_id
 from cairn.views import metrics, overview, prometheus, status
-from cairn_airflow import archive_dag_id, configured_topics, rebuild_dag_id, storage, topic_yaml
+from cairn_connections import storage
+from cairn_dags import configured_topics, topic_yaml
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def readable_topics(user: BaseUser | None) -> list[TopicConfig]:
         cfg
         for cfg in topics
         if manager.is_authorized_dag(
-            method="GET", user=user, details=DagDetails(id=archive_dag_id(cfg.topic))
+            method="GET", user=user, details=DagDetails(id=dag_id("archive", cfg.topic))
         )
     ]
 
@@ -109,10 +111,10 @@ def to_login(request: Request, _err: LoginNeeded) -> Response:
 def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
     rows = []
     topics = readable_topics(user)
-    last_runs = latest_runs([archive_dag_id(cfg.topic) for cfg in topics])
+    last_runs = latest_runs([dag_id("archive", cfg.topic) for cfg in topics])
     for cfg in topics:
         row: dict[str, Any] = {"cfg": cfg, "links": links(cfg)}
-        row["airflow_run"] = last_runs.get(archive_dag_id(cfg.topic))
+        row["airflow_run"] = last_runs.get(dag_id("archive", cfg.topic))
         try:
             row["view"] = overview.topic_overview(storage(cfg), cfg)
         except Exception as err:  # one unreadable archive must not hide the others
@@ -128,7 +130,7 @@ def topic_page(topic: str, user: Annotated[BaseUser, Depends(page_user)]) -> HTM
     if cfg is None:
         raise HTTPException(404, f"no configured topic {topic!r} that you may read")
     detail = overview.topic_detail(storage(cfg), cfg)
-    airflow_runs = recent_runs(archive_dag_id(topic), RUNS_SHOWN)
+    airflow_runs = recent_runs(dag_id("archive", topic), RUNS_SHOWN)
     return render(
         "topic.html",
         cfg=cfg,
@@ -155,10 +157,10 @@ def prometheus_metrics(reader: Annotated[BaseUser | None, Depends(metrics_reader
 def latest_runs(dag_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The newest Airflow run of each DAG (by creation), as the UI's grid lists them."""
     found: dict[str, dict[str, Any]] = {}
-    for dag_id in dag_ids:
-        runs = recent_runs(dag_id, 1)
+    for each in dag_ids:
+        runs = recent_runs(each, 1)
         if runs:
-            found[dag_id] = runs[0]
+            found[each] = runs[0]
     return found
 
 
@@ -172,8 +174,8 @@ def recent_runs(dag_id: str, limit: int) -> list[dict[str, Any]]:
 
 def links(cfg: TopicConfig) -> dict[str, str | None]:
     return {
-        "archive_dag": f"/dags/{archive_dag_id(cfg.topic)}",
-        "rebuild_dag": f"/dags/{rebuild_dag_id(cfg.topic)}" if cfg.parses else None,
+        "archive_dag": f"/dags/{dag_id('archive', cfg.topic)}",
+        "rebuild_dag": f"/dags/{dag_id('rebuild', cfg.topic)}" if cfg.parses else None,
         "root": f"{cfg.root.storage_url}/partitioned/{cfg.topic}/",
     }
 

@@ -23,6 +23,7 @@ from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import Variable
 from airflow.task.priority_strategy import PriorityWeightStrategy
 
+from cairn.dag_ids import parse_dag_id
 from cairn.schedule import lag_weight
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LAG_VARIABLE_PREFIX = "cairn_time_lag."
-ARCHIVE_DAG_PREFIX = "archive__"
 
 
 def lag_variable(topic: str) -> str:
@@ -75,10 +75,9 @@ def stored_lag(topic: str) -> float | None:
 
 
 def dag_topic(dag_id: str) -> str | None:
-    """The topic of an `archive__<topic>` DAG (`cairn.config.dag_safe` reversed)."""
-    if not dag_id.startswith(ARCHIVE_DAG_PREFIX):
-        return None
-    return dag_id.removeprefix(ARCHIVE_DAG_PREFIX).replace("__dot__", ".")
+    """The topic of an `archive__<topic>` DAG (`cairn.dag_ids`); None for any other DAG."""
+    parsed = parse_dag_id(dag_id)
+    return parsed[1] if parsed and parsed[0] == "archive" else None
 
 
 class TimeLagFirst(PriorityWeightStrategy):

@@ -32,11 +32,12 @@ from pydantic import (
     model_validator,
 )
 
+from cairn.dag_ids import check_dag_topic
 from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
 from cairn.formats.base import EventTime, FieldError
 from cairn.schedule import spread
-from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, check_topic, date_folder
+from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, date_folder
 
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
@@ -114,19 +115,6 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(found[1]) * _DURATION_UNITS[found[2] or "s"])
 
 
-def dag_safe(topic: str) -> str:
-    """`topic` as an Airflow dag_id fragment: `.` becomes `__dot__`, everything else stays.
-
-    Dots would split Airflow's metric names (`dagrun.duration.<dag_id>`) into bogus levels;
-    `_` and `-` are fine. The mapping is reversible (`.replace("__dot__", ".")`) because a topic
-    that already contains `__dot__` is refused rather than risk two topics sharing a DAG.
-    """
-    check_topic(topic)
-    if "__dot__" in topic:
-        raise ValueError(f"topic {topic!r} contains '__dot__' and cannot be mapped to a DAG id")
-    return topic.replace(".", "__dot__")
-
-
 class TopicConfig(BaseModel):
     """One entry of topics.yaml (after `defaults` are merged in).
 
@@ -191,9 +179,7 @@ class TopicConfig(BaseModel):
     @field_validator("topic")
     @classmethod
     def _topic(cls, value: str | None) -> str | None:
-        if value is not None:
-            dag_safe(value)
-        return value
+        return None if value is None else check_dag_topic(value)
 
     @model_validator(mode="before")
     @classmethod

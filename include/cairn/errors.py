@@ -2,7 +2,7 @@
 
 A retention gap, a fenced-out attempt, a failed verification or a recreated topic fail the same
 way however often they are retried, and every retry delays the person who has to act. Airflow
-tasks turn these into failures without retries (`cairn_airflow.fail_fast`); anything else (a
+tasks turn these into failures without retries (`cairn_failures.fail_fast`); anything else (a
 broker or S3 hiccup) is retried as usual.
 """
 

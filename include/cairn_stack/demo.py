@@ -16,7 +16,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.table import Table
 
-from cairn.config import TopicConfig, dag_safe, find_topic
+from cairn import dag_ids
+from cairn.config import TopicConfig, find_topic
 from cairn.pipeline.proof import read_proof
 from cairn.protocol import commit
 from cairn.storage.layout import kind_folder
@@ -116,7 +117,7 @@ def run(settings: StackSettings, console: Console) -> None:
     console.print(f"produced {count} sample events to Kafka topic {DEMO_TOPIC}")
 
     api = AirflowAPI(settings)
-    dag_id = f"archive__{dag_safe(DEMO_TOPIC)}"
+    dag_id = dag_ids.dag_id("archive", DEMO_TOPIC)
     started = datetime.now(UTC)  # unpausing may queue a scheduled run before the trigger
     with console.status(f"waiting for Airflow to parse {dag_id} …"):
         api.wait_for_dag(dag_id)
@@ -163,7 +164,7 @@ def seal(
     if not days:
         console.print("no date is complete yet (a date completes an hour after it ends)")
         return
-    dag_id = f"seal__{dag_safe(cfg.topic)}"
+    dag_id = dag_ids.dag_id("seal", cfg.topic)
     with console.status(f"sealing {', '.join(days)}: DAG {dag_id} …"):
         runs = api.wait_for_partitions(dag_id, days, since, timeout=900)
     failed = [r["dag_run_id"] for r in runs if r["state"] != "success"]

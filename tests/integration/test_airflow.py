@@ -18,7 +18,7 @@ from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once
 from tests.integration.test_rebuild import NOON as REBUILD_NOON
 from tests.integration.test_rebuild import folders_of, sent_late
 
-DAG_ID = "archive__e2e__dot__orders"
+DAG_ID = "archive__e2e.orders"
 
 
 def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
@@ -84,13 +84,13 @@ def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(
     create_topic(kafka, E2E_FIXED, partitions=1)
     times = {f"e{i}": REBUILD_NOON + timedelta(minutes=37 * i) for i in range(20)}
     produce(kafka, E2E_FIXED, [sent_late(i, ts) for i, ts in enumerate(times.values())])
-    archive_id = "archive__e2e__dot__fixed"
+    archive_id = "archive__e2e.fixed"
     airflow.wait_for_dag(archive_id)
     airflow.trigger(archive_id)
     assert all(r["state"] == "success" for r in airflow.wait_for_runs(archive_id, timeout=600))
     storage = Storage(f"s3://{stack_settings.bucket}/{E2E_PREFIX}", **s3)
     assert folders_of(read_archive(storage, E2E_FIXED)) != expected_folders(times)
-    dag_id = "rebuild__e2e__dot__fixed"
+    dag_id = "rebuild__e2e.fixed"
     airflow.wait_for_dag(dag_id)
 
     airflow.backfill(dag_id, "2024-05-01", "2024-05-02")

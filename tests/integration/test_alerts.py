@@ -15,13 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from cairn.config import dag_safe
+from cairn.dag_ids import dag_id
 from cairn_stack.demo import create_topic, produce
 from tests.conftest import E2E_LAGGING, E2E_QUIET
 from tests.integration.test_archive import NOW, event
 
-LAGGING_DAG = f"archive__{dag_safe(E2E_LAGGING)}"
-QUIET_DAG = f"archive__{dag_safe(E2E_QUIET)}"
+LAGGING_DAG = dag_id("archive", E2E_LAGGING)
+QUIET_DAG = dag_id("archive", E2E_QUIET)
 
 
 @pytest.fixture

@@ -102,8 +102,8 @@ def test_the_archive_dag_marks_the_date_the_downstream_and_seal_dags_run_for_it(
 ) -> None:
     create_topic(kafka, E2E_COMPLETE, partitions=2)
     produce_day(kafka, E2E_COMPLETE)
-    dag_id, downstream = "archive__e2e__dot__complete", "downstream__e2e_complete"
-    sealing = "seal__e2e__dot__complete"
+    dag_id, downstream = "archive__e2e.complete", "downstream__e2e_complete"
+    sealing = "seal__e2e.complete"
     airflow.wait_for_dag(downstream)
     airflow.wait_for_dag(sealing)
     airflow.wait_for_dag(dag_id)

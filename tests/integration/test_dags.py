@@ -52,7 +52,7 @@ def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
     parsed = parse_dags(tmp_path, INCLUDE_DIR / "topics.yaml")
 
     assert parsed["errors"] == {}
-    archive = parsed["dags"]["archive__cairn__dot__demo__dot__events"]
+    archive = parsed["dags"]["archive__cairn.demo.events"]
     assert archive["tasks"] == sorted(
         [
             "plan",
@@ -70,10 +70,10 @@ def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
     assert archive["max_active_runs"] == 1
     assert archive["catchup"] is False
     assert "cairn_discover_topics" in parsed["dags"]
-    rebuild = parsed["dags"]["rebuild__cairn__dot__demo__dot__events"]
+    rebuild = parsed["dags"]["rebuild__cairn.demo.events"]
     assert rebuild["tasks"] == ["announce", "commit", "complete", "rebuild", "select"]
     assert rebuild["max_active_runs"] == 1 and rebuild["catchup"] is False
-    seal = parsed["dags"]["seal__cairn__dot__demo__dot__events"]
+    seal = parsed["dags"]["seal__cairn.demo.events"]
     assert seal["tasks"] == ["commit", "seal", "select"]
 
 
@@ -95,8 +95,8 @@ def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: P
     )
     parsed = parse_dags(tmp_path, topics)
 
-    assert "archive__good__dot__orders" in parsed["dags"]
-    assert "rebuild__good__dot__orders" not in parsed["dags"]  # raw: nothing to re-derive
+    assert "archive__good.orders" in parsed["dags"]
+    assert "rebuild__good.orders" not in parsed["dags"]  # raw: nothing to re-derive
     assert not any("broken" in dag_id for dag_id in parsed["dags"])
     (message,) = [m for f, m in parsed["errors"].items() if f.endswith("cairn_config_check.py")]
     assert "broken.payments" in message
@@ -112,7 +112,7 @@ def test_pattern_entries_use_the_cached_topic_list(tmp_path: Path) -> None:
 
     assert parsed["errors"] == {}
     archives = sorted(d for d in parsed["dags"] if d.startswith("archive__"))
-    assert archives == ["archive__orders__dot__eu", "archive__orders__dot__us"]
+    assert archives == ["archive__orders.eu", "archive__orders.us"]
 
 
 WEIGH = """
@@ -154,7 +154,7 @@ def test_airflow_weighs_the_archive_task_by_the_lag_its_topic_recorded(tmp_path:
     )
     code = WEIGH % (
         str(REPO / "dags"),
-        "archive__fleet__dot__orders",
+        "archive__fleet.orders",
         "cairn_time_lag.fleet.orders",
     )
     done = subprocess.run(

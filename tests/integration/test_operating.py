@@ -40,12 +40,12 @@ def test_each_commit_records_its_status_and_the_consumer_groups_offsets(
     assert first.consumer_group == f"cairn.{topic_name}" and first.consumer_group_error is None
     assert group_offsets(kafka, first.consumer_group, topic_name, 2) == {0: 5, 1: 5}
     (record,) = status.recent(storage, topic_name)
-    assert (record.seq, record.records_read, record.records_quarantined) == (1, 10, 0)
+    assert (record.seq, record.counts.read, record.counts.quarantined) == (1, 10, 0)
     assert record.offset_lag == {0: 4, 1: 3} and record.next_offsets == {0: 5, 1: 5}
     assert record.time_lag_seconds > 0 and record.partition_time_lag_seconds[0] > 0
     token = commit.newest(storage, topic_name)
     assert record.committed_at == token.created_at and record.run_id == token.run_id
-    assert record.bytes_written == token.counts.bytes > 0
+    assert record.counts.bytes == token.counts.bytes > 0
     assert record.duration_seconds == (token.created_at - token.planned_at).total_seconds()
 
     archiver.run(cfg)  # reads the rest, the bad record among it
@@ -54,7 +54,7 @@ def test_each_commit_records_its_status_and_the_consumer_groups_offsets(
     newest = status.topic_status(storage, topic_name)
     assert [r.seq for r in newest.recent] == [2, 1]
     assert newest.last.offset_lag == {0: 0, 1: 0} and newest.last.time_lag_seconds == 0
-    assert (newest.last.records_read, newest.last.records_quarantined) == (7, 1)
+    assert (newest.last.counts.read, newest.last.counts.quarantined) == (7, 1)
     assert newest.quarantine_ratio == 1 / 17
     served = {(s.name, s.labels.get("partition")): s.value for s in metrics.samples(newest)}
     assert served[(metrics.RECORDS_ARCHIVED, "0")] == 9

@@ -17,7 +17,7 @@ from cairn_stack.demo import create_topic, produce, sample_events
 from tests.conftest import E2E_OVERVIEW, ROOT
 from tests.integration import chromium
 
-DAG_ID = "archive__e2e__dot__overview"
+DAG_ID = "archive__e2e.overview"
 OUTPUT = ROOT / "output" / "overview"
 GOOD = {0: 120, 1: 80}
 BAD = 6  # on partition 0, after its good records
@@ -101,7 +101,7 @@ def test_dags_read_as_the_topic(airflow, archived) -> None:
     assert dag["dag_display_name"] == f"{E2E_OVERVIEW} · archive"
     assert f"topic: {E2E_OVERVIEW}" in dag["doc_md"] and "```yaml" in dag["doc_md"]
     assert f"/cairn/topics/{E2E_OVERVIEW}" in dag["doc_md"]
-    rebuild = airflow.call("GET", "/api/v2/dags/rebuild__e2e__dot__overview/details")
+    rebuild = airflow.call("GET", "/api/v2/dags/rebuild__e2e.overview/details")
     assert rebuild["dag_display_name"] == f"{E2E_OVERVIEW} · rebuild"
 
 

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-import cairn_airflow
+import cairn_notifier
+import cairn_stats
 from cairn.config import TopicConfig
 from cairn.views import metrics, status
 from tests.unit.test_status import record
@@ -35,13 +36,13 @@ class Recorder:
 @pytest.fixture
 def stats(monkeypatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr(cairn_airflow, "Stats", recorder)
+    monkeypatch.setattr(cairn_stats, "Stats", recorder)
     return recorder
 
 
 def test_samples_go_out_tagged_where_the_backend_keeps_tags(stats, monkeypatch) -> None:
-    monkeypatch.setattr(cairn_airflow, "_stats_take_tags", lambda: True)
-    cairn_airflow.emit(metrics.run_samples(record(3, read=4, time_lag=2.0)))
+    monkeypatch.setattr(cairn_stats, "_stats_take_tags", lambda: True)
+    cairn_stats.emit(metrics.run_samples(record(3, read=4, time_lag=2.0)))
     p0 = {"topic": "orders", "partition": "0"}
     assert ("gauge", metrics.OFFSET_LAG, 5.0, p0) in stats.calls
     assert ("gauge", metrics.TIME_LAG, 2.0, p0) in stats.calls
@@ -54,30 +55,30 @@ def test_samples_go_out_tagged_where_the_backend_keeps_tags(stats, monkeypatch) 
 
 def test_plain_statsd_gets_the_labels_in_the_name(stats, monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
-    assert cairn_airflow._stats_take_tags() is False
-    cairn_airflow.emit(metrics.run_samples(record(3, topic="shop.orders", read=4)))
+    assert cairn_stats._stats_take_tags() is False
+    cairn_stats.emit(metrics.run_samples(record(3, topic="shop.orders", read=4)))
     assert ("gauge", "cairn.offset_lag.shop__orders.0", 5.0, None) in stats.calls
     assert ("incr", "cairn.records_archived.shop__orders.0", 4, None) in stats.calls
 
 
 def test_report_run_sends_the_saved_record(stats, storage, monkeypatch) -> None:
-    monkeypatch.setattr(cairn_airflow, "storage", lambda cfg: storage)
-    monkeypatch.setattr(cairn_airflow, "_stats_take_tags", lambda: True)
+    monkeypatch.setattr(cairn_stats, "storage", lambda cfg: storage)
+    monkeypatch.setattr(cairn_stats, "_stats_take_tags", lambda: True)
     cfg = TopicConfig(topic="orders", format="raw")
-    assert cairn_airflow.report_run(cfg, 1) is None and stats.calls == []
+    assert cairn_stats.report_run(cfg, 1) is None and stats.calls == []
     status.save(storage, record(1))
-    assert cairn_airflow.report_run(cfg, 1).seq == 1
+    assert cairn_stats.report_run(cfg, 1).seq == 1
     assert any(call[1] == metrics.LAST_COMMIT for call in stats.calls)
 
 
 def test_the_notifier_is_the_configured_callable(monkeypatch, tmp_path) -> None:
-    monkeypatch.delenv(cairn_airflow.NOTIFIER_ENV, raising=False)
-    assert cairn_airflow.notifier() == []
-    monkeypatch.setenv(cairn_airflow.NOTIFIER_ENV, "cairn_stack.notify.record")
+    monkeypatch.delenv(cairn_notifier.NOTIFIER_ENV, raising=False)
+    assert cairn_notifier.notifier() == []
+    monkeypatch.setenv(cairn_notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
     monkeypatch.setenv("CAIRN_ALERTS_FILE", str(tmp_path / "alerts.jsonl"))
-    (callback,) = cairn_airflow.notifier()
+    (callback,) = cairn_notifier.notifier()
     context = {"dag_run": {"dag_id": "archive__orders", "dag_run_id": "manual__1"}}
-    cairn_airflow.run_overdue(context, topic="orders", limit="1:00:00")
+    cairn_notifier.run_overdue(context, topic="orders", limit="1:00:00")
     (alert,) = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert (alert["dag_id"], alert["run_id"], alert["task_id"]) == (
         "archive__orders",
@@ -92,17 +93,17 @@ def test_the_notifier_is_the_configured_callable(monkeypatch, tmp_path) -> None:
 
 
 def test_a_breach_fails_the_check_naming_topic_value_and_limit(storage, monkeypatch) -> None:
-    monkeypatch.setattr(cairn_airflow, "storage", lambda cfg: storage)
+    monkeypatch.setattr(cairn_notifier, "storage", lambda cfg: storage)
     cfg = TopicConfig(topic="orders", format="raw", max_time_lag="1m")
     status.save(storage, record(1, time_lag=0.0))
-    assert "within max_time_lag" in cairn_airflow.check_health(cfg)[0]
+    assert "within max_time_lag" in cairn_notifier.check_health(cfg)[0]
     status.save(storage, record(2, time_lag=90.0))
     with pytest.raises(AirflowFailException, match=r"'orders': time lag .* 90, over its limit 60"):
-        cairn_airflow.check_health(cfg)
+        cairn_notifier.check_health(cfg)
 
 
 def test_archive_dags_wire_the_notifier_the_deadline_and_the_check(monkeypatch) -> None:
-    monkeypatch.setenv(cairn_airflow.NOTIFIER_ENV, "cairn_stack.notify.record")
+    monkeypatch.setenv(cairn_notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
     from dags.cairn_archive import archive_dag
 
     dag = archive_dag(TopicConfig(topic="orders", format="raw", max_run_duration="2h"))
@@ -111,4 +112,4 @@ def test_archive_dags_wire_the_notifier_the_deadline_and_the_check(monkeypatch) 
     assert [f.__name__ for f in check.on_failure_callback] == ["record"]
     (deadline,) = dag.deadline if isinstance(dag.deadline, list) else [dag.deadline]
     assert deadline.interval == timedelta(hours=2)
-    assert deadline.callback.path == "cairn_airflow.run_overdue"
+    assert deadline.callback.path == "cairn_notifier.run_overdue"

@@ -15,8 +15,9 @@ from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
 from cairn.protocol.commit import Conflict, Fenced
 from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.rewind import RewindRefused
-from cairn_airflow import fail_fast, schema_registries
 from cairn_connect import Connected, shared_session_id
+from cairn_connections import schema_registries
+from cairn_failures import fail_fast
 from tests.unit.conftest import claim_next
 
 
@@ -96,12 +97,12 @@ def spark_op(monkeypatch, storage, tmp_path):
     Kafka connection, a fake Spark Connect session builder and a recording spark-submit."""
     import pyspark.sql
 
-    import cairn_airflow
+    import cairn_spark_operator
 
     cfg = TopicConfig.model_validate(
         {"topic": "orders", "format": "raw", "archive_root": storage.url}
     )
-    monkeypatch.setattr(cairn_airflow, "find_topic", lambda topic: cfg)
+    monkeypatch.setattr(cairn_spark_operator, "find_topic", lambda topic: cfg)
     monkeypatch.setenv(
         "AIRFLOW_CONN_CAIRN_KAFKA",
         '{"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:9092",'
@@ -111,7 +112,7 @@ def spark_op(monkeypatch, storage, tmp_path):
     jars = tmp_path / "jars"
     jars.mkdir()
     (jars / "connector.jar").write_bytes(b"")
-    monkeypatch.setattr(cairn_airflow, "SPARK_JARS_DIR", jars)
+    monkeypatch.setattr(cairn_spark_operator, "SPARK_JARS_DIR", jars)
     calls: dict = {"sessions": [], "runs": [], "submitted": []}
     monkeypatch.setattr(pyspark.sql.SparkSession, "builder", FakeBuilder(calls["sessions"]))
 
@@ -121,19 +122,19 @@ def spark_op(monkeypatch, storage, tmp_path):
             raise calls["raise"]
         return "wrote 1 files for 1 records"
 
-    monkeypatch.setattr(cairn_airflow, "spark_job", lambda job: SimpleNamespace(run=run))
+    monkeypatch.setattr(cairn_spark_operator, "spark_job", lambda job: SimpleNamespace(run=run))
 
     def submit(self, context):
         calls["submitted"].append((self.application, self.application_args, self.env_vars))
 
-    monkeypatch.setattr(cairn_airflow.SparkSubmitOperator, "execute", submit)
+    monkeypatch.setattr(cairn_spark_operator.SparkSubmitOperator, "execute", submit)
     claim = claim_next(storage)
     plan = Plan(topic="orders", ranges={0: (0, 1)}, capped=False)
     payload = {"claim": claim.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
 
     def make(conn: dict, payload: dict = payload):
         monkeypatch.setenv("AIRFLOW_CONN_CAIRN_SPARK", json.dumps(conn))
-        op = cairn_airflow.CairnSparkOperator(
+        op = cairn_spark_operator.CairnSparkOperator(
             task_id="archive", job="archive", topic="orders", payload=payload
         )
         return op, calls, claim

@@ -9,7 +9,6 @@ from cairn.config import (
     DEFAULT_ARCHIVE_ROOT,
     ArchiveRoot,
     TopicConfig,
-    dag_safe,
     load_topics,
     parse_archive_root,
     resolve,
@@ -285,17 +284,11 @@ def test_parse_archive_root_rejects(url):
         parse_archive_root(url)
 
 
-def test_dag_safe_is_valid_for_airflow_and_unique():
-    topics = ["a.b", "a_b", "a-b", "a__b", "a.b.c", "A.b"]
-    mapped = [dag_safe(t) for t in topics]
-    assert dag_safe("cairn.demo.events") == "cairn__dot__demo__dot__events"
-    assert len(set(mapped)) == len(topics)
-    assert all(m.replace("_", "").replace("-", "").isalnum() for m in mapped)
-    assert [m.replace("__dot__", ".") for m in mapped] == topics
-    with pytest.raises(ValueError):
-        dag_safe("a__dot__b")  # would collide with "a.b"
-    with pytest.raises(ValueError):
-        dag_safe("a/b")
+def test_a_topic_too_long_for_its_dag_ids_is_an_entry_error(tmp_path):
+    path = tmp_path / "topics.yaml"
+    path.write_text(f"topics:\n  - topic: {'t' * 242}\n    format: raw\n")
+    (error,) = load_topics(path).errors
+    assert error.field == "topic" and "at most 241 characters" in error.message
 
 
 def test_resolved_pattern_topics_keep_their_schema(tmp_path):

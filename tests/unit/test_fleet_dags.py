@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk import DAG
 
-import cairn_airflow
+import cairn_dags
 import cairn_priority
-from cairn.config import TopicConfig, dag_safe
+from cairn.config import TopicConfig
+from cairn.dag_ids import dag_id
 from cairn.schedule import spread
-from cairn_airflow import SPARK_POOL, archive_dag_id, rebuild_dag_id
+from cairn_spark_operator import SPARK_POOL
 from dags.cairn_archive import archive_dag
 from dags.cairn_rebuild import rebuild_dag
 
@@ -74,11 +75,13 @@ def test_the_rule_is_registered_by_a_plugin():
     )
 
 
-@pytest.mark.parametrize("topic", ["orders.eu", "a.b.c", "plain", "with-dash_and_underscore"])
+@pytest.mark.parametrize(
+    "topic", ["orders.eu", "a.b.c", "plain", "with-dash_and_underscore", "a__b", "archive__x"]
+)
 def test_the_rule_finds_the_topic_of_an_archive_dag(topic):
-    assert cairn_priority.dag_topic(archive_dag_id(topic)) == topic
-    assert archive_dag_id(topic) == f"archive__{dag_safe(topic)}"
-    assert cairn_priority.dag_topic(rebuild_dag_id(topic)) is None
+    assert cairn_priority.dag_topic(dag_id("archive", topic)) == topic
+    assert dag_id("archive", topic) == f"archive__{topic}"
+    assert cairn_priority.dag_topic(dag_id("rebuild", topic)) is None
 
 
 def task_instance(dag_id: str, priority_weight: int = 1) -> SimpleNamespace:
@@ -90,9 +93,9 @@ def test_weight_is_the_tasks_weight_plus_minutes_of_the_recorded_lag(monkeypatch
     recorded = {"orders.eu": 3600.0, "quiet": 0.0}
     monkeypatch.setattr(cairn_priority, "stored_lag", recorded.get)
     rule = cairn_priority.TimeLagFirst()
-    assert rule.get_weight(task_instance("archive__orders__dot__eu")) == 61
+    assert rule.get_weight(task_instance("archive__orders.eu")) == 61
     assert rule.get_weight(task_instance("archive__quiet", priority_weight=5)) == 5
-    assert rule.get_weight(task_instance("archive__never__dot__ran")) == 1  # nothing recorded
+    assert rule.get_weight(task_instance("archive__never.ran")) == 1  # nothing recorded
 
 
 def test_a_lag_that_cannot_be_read_gives_the_plain_weight(monkeypatch):
@@ -116,22 +119,21 @@ def test_recording_the_lag_never_fails_a_run(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("path", "dag_id"),
-    [("dags/cairn_archive.py", archive_dag_id), ("dags/cairn_rebuild.py", rebuild_dag_id)],
+    ("path", "kind"), [("dags/cairn_archive.py", "archive"), ("dags/cairn_rebuild.py", "rebuild")]
 )
-def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, dag_id):
+def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, kind):
     """The DAG processor builds every topic's DAG; a task process (Airflow's parsing context
     names its DAG) builds only its own, so a task's start does not grow with the fleet."""
     fleet = [parsing(f"fleet.t{i:03d}") for i in range(30)]
-    monkeypatch.setattr(cairn_airflow, "configured_topics", lambda: fleet)
+    monkeypatch.setattr(cairn_dags, "configured_topics", lambda: fleet)
     file = str(Path(__file__).resolve().parents[2] / path)
 
     def built() -> set[str]:
         return {v.dag_id for v in runpy.run_path(file).values() if isinstance(v, DAG)}
 
     monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
-    assert built() == {dag_id(cfg.topic) for cfg in fleet}
-    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id("fleet.t007"))
-    assert built() == {dag_id("fleet.t007")}
+    assert built() == {dag_id(kind, cfg.topic) for cfg in fleet}
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id(kind, "fleet.t007"))
+    assert built() == {dag_id(kind, "fleet.t007")}
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "some_other_dag")
     assert built() == set()

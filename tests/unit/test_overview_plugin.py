@@ -57,7 +57,7 @@ def test_index_lists_every_topic_and_isolates_a_broken_one(client) -> None:
     assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
     assert 'data-topic="orders.eu"' in page.text and "<svg" in page.text  # the lag trend
     assert "archive unreadable: PermissionError: no access to the bucket" in page.text
-    assert 'href="/dags/archive__orders__dot__eu"' in page.text
+    assert 'href="/dags/archive__orders.eu"' in page.text
 
 
 def test_topic_page_shows_runs_and_configuration(client) -> None:

@@ -18,7 +18,7 @@ from cairn.storage.s3_access import (
     env_connection_options,
     s3_options,
 )
-from cairn_airflow import storage_options
+from cairn_connections import storage_options
 
 KEYS = Credentials("AKIAEXAMPLEKEY", "secret-access-key", "session-token-123")
 

@@ -1,0 +1,73 @@
+"""Airflow connections → the plain values Cairn's core takes: Kafka settings, storage, registries.
+
+Resolved when a task runs, never while a DAG file is parsed: the Kafka connection's extra is
+librdkafka configuration (`cairn.kafka.connection` checks it), an `s3://<conn>@…` archive root's
+connection is an AWS one resolved by the Amazon provider, and an avro topic's Schema Registry is
+an `http` connection.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from airflow.sdk import BaseHook
+
+from cairn.config import TopicConfig
+from cairn.formats import registry_ids
+from cairn.formats.avro import registry_config
+from cairn.kafka.connection import KafkaConf, KafkaConfigError
+from cairn.storage.objects import Storage
+from cairn.storage.s3_access import connection_options
+
+KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
+
+
+def kafka_conf() -> KafkaConf:
+    """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
+    configuration, checked to be usable by every client Cairn runs (`cairn.kafka.connection`)."""
+    conn = BaseHook.get_connection(KAFKA_CONN_ID)
+    label = f"Airflow connection {KAFKA_CONN_ID!r}"
+    if conn.conn_type != "kafka":
+        raise KafkaConfigError(f"{label} is of type {conn.conn_type!r}; make it a 'kafka' one")
+    return KafkaConf(conn.extra_dejson, label)
+
+
+def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, Any]:
+    """fsspec options for the topic's archive root. An S3 root's connection is an AWS
+    connection, resolved by the Amazon provider (keys, session token, assumed role, profile,
+    endpoint, region); `for_spark` leaves the keys out when the cluster uses its own role."""
+    root = cfg.root
+    if root.scheme == "file":
+        return {}
+    hook = AwsBaseHook(aws_conn_id=root.conn_id, client_type="s3")
+    conn = hook.conn_config
+    if not conn:  # the provider would fall back to the worker's own credentials
+        raise ValueError(f"topic {cfg.topic!r}: no Airflow connection {root.conn_id!r}")
+    return connection_options(
+        root.conn_id,
+        conn.extra_config,
+        conn.get_service_endpoint_url("s3"),
+        conn.region_name,
+        hook.get_credentials,
+        for_spark=for_spark,
+    )
+
+
+def storage(cfg: TopicConfig) -> Storage:
+    """The topic's archive root, with its connection's credentials."""
+    return Storage(cfg.root.storage_url, **storage_options(cfg))
+
+
+def schema_registries(cfg: TopicConfig) -> dict[str, dict[str, Any]]:
+    """Client configurations of the Schema Registries the topic's format reads (avro topics
+    with `avro.registry`), each from its Airflow connection: host (URL), port, login/password,
+    and client settings in the extra."""
+    found = {}
+    for conn_id in registry_ids(cfg):
+        conn = BaseHook.get_connection(conn_id)
+        found[conn_id] = registry_config(
+            conn.host or "", conn.port, conn.login, conn.password, conn.extra_dejson
+        )
+    return found

@@ -1,0 +1,63 @@
+"""What every per-topic DAG file shares: which topics get DAGs, and each DAG's docs.
+
+A topic's DAG of each kind is named by `cairn.dag_ids.dag_id` (`archive__orders.eu`). Pattern
+entries become topics against the topic names `cairn_discover_topics` caches in an Airflow
+Variable, so parsing a DAG file never calls Kafka.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from airflow.sdk import Variable, get_parsing_context
+
+from cairn.config import TOPICS_FILE, TopicConfig, load_topics, resolve
+from cairn.dag_ids import Kind, dag_id
+
+TOPICS_VARIABLE = "cairn_kafka_topics"
+"""Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
+
+
+def configured_topics() -> list[TopicConfig]:
+    """The topics to build DAGs for: exact entries, and pattern entries matched against the
+    topic names `cairn_discover_topics` cached (never a Kafka call while parsing DAG files)."""
+    entries = load_topics(TOPICS_FILE).topics
+    known = []
+    if any(entry.pattern for entry in entries):
+        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
+    return resolve(entries, known)
+
+
+def topics_to_build(kind: Kind) -> list[TopicConfig]:
+    """The topics a DAG file builds its DAGs of `kind` for: all of them for the DAG processor,
+    only the one whose DAG is running when a task process parses the file (Airflow's parsing
+    context). Building every topic's DAG at each task start made a task's start grow with the
+    fleet: ~17 s a task at 100 topics on two cores, past the import timeout."""
+    running = get_parsing_context().dag_id
+    topics = configured_topics()
+    return topics if running is None else [c for c in topics if dag_id(kind, c.topic) == running]
+
+
+def topic_yaml(cfg: TopicConfig) -> str:
+    """The topic's effective configuration (defaults merged in) as YAML, as topics.yaml reads."""
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def topic_doc(cfg: TopicConfig, role: str, about: str) -> str:
+    """A DAG's `doc_md`: what the DAG does (`about`, its module docstring), the topic's
+    configuration and links to the topic's overview page, DAGs and archive root."""
+    topic = cfg.topic
+    links = [
+        f"[overview](/cairn/topics/{topic})",
+        f"[archive DAG](/dags/{dag_id('archive', topic)})",
+    ]
+    if cfg.parses:
+        links.append(f"[rebuild DAG](/dags/{dag_id('rebuild', topic)})")
+    if cfg.seals:
+        links.append(f"[seal DAG](/dags/{dag_id('seal', topic)})")
+    return (
+        f"# {topic} · {role}\n\n{' · '.join(links)} · archive root "
+        f"`{cfg.root.storage_url}`\n\n{about.strip()}\n\n"
+        f"## Configuration of `{topic}`\n\n```yaml\n{topic_yaml(cfg)}```\n"
+    )

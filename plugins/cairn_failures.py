@@ -1,0 +1,25 @@
+"""Which task failures are retried: only those that waiting can heal.
+
+A retention gap, a fenced-out attempt, a failed verification or a recreated topic
+(`cairn.errors.PermanentError`) fail the same way on every retry, and every retry delays the
+person who has to act; a broker or S3 hiccup is retried as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from cairn.errors import PermanentError
+
+
+@contextlib.contextmanager
+def fail_fast() -> Iterator[None]:
+    """Fail the task without retries on errors a retry would only repeat (`PermanentError`:
+    a fenced-out attempt, a retention gap, a failed verification, a recreated topic)."""
+    try:
+        yield
+    except PermanentError as err:
+        raise AirflowFailException(f"{type(err).__name__}: {err}") from err

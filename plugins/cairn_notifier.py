@@ -1,0 +1,73 @@
+"""When a topic needs a person: the configured notifier, the run deadline and the health check.
+
+Three things call the notifier (`CAIRN_NOTIFIER`, README "Alerts"): an archive task that failed
+for good, an archive run still unfinished `max_run_duration` after it was queued (an Airflow
+Deadline Alert), and the `check_health` task, which fails when the topic is past one of its
+limits (`cairn.views.alerts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from airflow.sdk import DeadlineAlert, DeadlineReference, SyncCallback
+from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.module_loading import import_string
+
+from cairn.config import TopicConfig
+from cairn.views import alerts, status
+from cairn_connections import storage
+
+log = logging.getLogger(__name__)
+
+NOTIFIER_ENV = "CAIRN_NOTIFIER"
+"""Import path (`package.module.name`) of what Cairn calls when a topic needs a person: an
+Airflow notifier instance (e.g. a `SlackNotifier(...)` made in a module of yours) or any
+callable taking the task context. Unset: failures only show in the UI."""
+
+
+def notifier() -> list[Callable[..., Any]]:
+    """The configured notifier as Airflow failure callbacks (empty when none is configured)."""
+    path = os.environ.get(NOTIFIER_ENV, "").strip()
+    return [import_string(path)] if path else []
+
+
+def run_overdue(context: dict | None = None, topic: str = "?", limit: str = "") -> None:
+    """Deadline Alert callback (run by the scheduler's executor, with Airflow's deadline context:
+    the DAG run as a dict): an archive run is still unfinished past `max_run_duration`."""
+    context = context or {}
+    run_id = (context.get("dag_run") or {}).get("dag_run_id")
+    reason = (
+        f"topic {topic!r}: archive run {run_id} is not finished {limit} after it was queued "
+        "(max_run_duration in topics.yaml)"
+    )
+    log.error(reason)
+    for callback in notifier():
+        callback({**context, "reason": reason})
+
+
+def archive_deadline(cfg: TopicConfig) -> DeadlineAlert:
+    """Report a run not finished `max_run_duration` after it was queued: stuck on a task, a
+    Spark job or a full pool, it archives nothing and no check task would run to say so."""
+    return DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=cfg.max_run_duration,
+        callback=SyncCallback(
+            run_overdue, kwargs={"topic": cfg.topic, "limit": str(cfg.max_run_duration)}
+        ),
+    )
+
+
+def check_health(cfg: TopicConfig) -> list[str]:
+    """Fail the task (so the notifier is called) if the topic breaches a limit; else return
+    what was checked."""
+    found = alerts.breaches(cfg, status.topic_status(storage(cfg), cfg.topic))
+    if found:
+        raise AirflowFailException("; ".join(map(str, found)))
+    return [
+        f"topic {cfg.topic!r}: within max_time_lag {cfg.max_time_lag} and "
+        f"max_quarantine_ratio {cfg.max_quarantine_ratio:g}"
+    ]
