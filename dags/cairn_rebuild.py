@@ -12,13 +12,12 @@ so that backfills have dates; the runs it would schedule by itself do nothing.
 from __future__ import annotations
 
 import logging
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
-from cairn.errors import PermanentError
 from cairn.pipeline import completeness, rebuild
 from cairn.protocol import tokens
 from cairn_assets import announce_dates, topic_asset
@@ -28,32 +27,6 @@ from cairn_failures import fail_fast
 from cairn_spark_operator import CairnSparkOperator
 
 log = logging.getLogger(__name__)
-
-
-class NoDates(PermanentError):
-    """The run names no date to rebuild, or an empty range."""
-
-
-def rebuild_dates(day: date | None, params: dict) -> list[date]:
-    """The run's own date, or the range its params name (both ends included).
-
-    A run without a data interval (triggered by hand or through the REST API with no logical
-    date) must name its dates in `from_date`/`to_date`."""
-    first, last = params.get("from_date") or None, params.get("to_date") or None
-    if first is None and last is None:
-        if day is None:
-            raise NoDates(
-                "this run has no date of its own (no logical date): give from_date and/or "
-                "to_date (YYYY-MM-DD) in its params"
-            )
-        return [day]
-    try:
-        start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
-    except ValueError as err:
-        raise NoDates(f"from_date/to_date must be YYYY-MM-DD: {err}") from None
-    if end < start:
-        raise NoDates(f"to_date {end} is before from_date {start}")
-    return [start + timedelta(days=i) for i in range((end - start).days + 1)]
 
 
 def rebuild_dag(cfg: TopicConfig) -> DAG:
@@ -85,7 +58,8 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             start = context.get("data_interval_start")
             day = start.in_timezone(cfg.timezone).date() if start is not None else None
             with fail_fast():
-                dates = rebuild_dates(day, context["params"])
+                params = context["params"]
+                dates = rebuild.run_dates(day, params.get("from_date"), params.get("to_date"))
                 chosen = rebuild.select(storage(cfg), cfg, dates, context["run_id"])
             if chosen is None:
                 log.info("topic %s has nothing filed under %s: nothing to rebuild", topic, dates)

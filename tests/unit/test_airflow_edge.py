@@ -11,7 +11,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.config import TopicConfig
+from cairn.kafka.cluster import TopicNotFound
 from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
+from cairn.pipeline.rebuild import NoDates
 from cairn.protocol.commit import Conflict, Fenced
 from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.rewind import RewindRefused
@@ -22,7 +24,17 @@ from tests.unit.conftest import claim_next
 
 
 @pytest.mark.parametrize(
-    "error", [Fenced, Conflict, RetentionGap, VerificationFailed, TopicRecreated, RewindRefused]
+    "error",
+    [
+        Fenced,
+        Conflict,
+        RetentionGap,
+        VerificationFailed,
+        TopicRecreated,
+        RewindRefused,
+        TopicNotFound,
+        NoDates,
+    ],
 )
 def test_permanent_errors_fail_the_task_without_retries_keeping_the_message(error):
     with pytest.raises(AirflowFailException, match="topic 'orders'"), fail_fast():

@@ -14,7 +14,9 @@ import pytest
 from cairn.config import TopicConfig, load_topics
 from cairn.datafiles.avro_file import BACKUP_SCHEMA, millis
 from cairn.datafiles.writer import KafkaRecord
+from cairn.errors import PermanentError
 from cairn.pipeline.rebuild import (
+    NoDates,
     RebuildRefused,
     RebuildResult,
     Selection,
@@ -22,6 +24,7 @@ from cairn.pipeline.rebuild import (
     load_attempt,
     load_selection,
     rebuild_source,
+    run_dates,
     save_attempt,
     select,
     verify_rebuild,
@@ -634,3 +637,24 @@ def test_verify_rebuild_catches_missing_resized_and_overlapping_files(tmp_path, 
     overlapping = entry.model_copy(update={"key": second, "first_offset": 1, "last_offset": 1})
     with pytest.raises(VerificationFailed, match="overlap"):
         verify_rebuild(staged, [entry.model_copy(update={"last_offset": 1}), overlapping])
+
+
+def test_a_run_rebuilds_its_range_or_else_its_own_date():
+    assert run_dates(D1, None, None) == [D1]
+    assert run_dates(None, "2024-06-01", "2024-06-03") == [D1, D2, D3]
+    assert run_dates(D3, "2024-06-01", "") == [D1]  # one end alone: that date
+    assert run_dates(None, None, "2024-06-03") == [D3]
+
+
+@pytest.mark.parametrize(
+    ("own", "first", "last", "why"),
+    [
+        (D1, "2024-06-03", "2024-06-01", "to_date 2024-06-01 is before from_date 2024-06-03"),
+        (None, None, None, "no logical date"),  # a REST or manual run that names no dates
+        (D1, "2024-6-1x", None, "must be YYYY-MM-DD"),
+    ],
+)
+def test_dates_no_retry_can_fix_are_a_permanent_error(own, first, last, why):
+    with pytest.raises(NoDates, match=why) as raised:
+        run_dates(own, first, last)
+    assert isinstance(raised.value, PermanentError)

@@ -22,6 +22,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from cairn.errors import PermanentError
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.pipeline.plan import Watermarks
 
@@ -42,8 +43,9 @@ class TopicState(NamedTuple):
     """`cleanup.policy` includes `compact`: records below the high watermark may vanish."""
 
 
-class TopicNotFound(Exception):
-    """The topic does not exist on the cluster."""
+class TopicNotFound(PermanentError):
+    """The topic does not exist on the cluster: retrying cannot create it (Cairn never creates
+    topics), so a task fails at once, naming the topic and the cluster."""
 
 
 _CONSUMER = {

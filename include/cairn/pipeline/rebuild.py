@@ -33,7 +33,7 @@ from array import array
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,33 @@ _HEADER_BYTES = 64 * 1024
 
 class RebuildRefused(PermanentError):
     """Finishing would lose or double records, or touch files outside the selection."""
+
+
+class NoDates(PermanentError):
+    """The run names no date to rebuild, or a range that is reversed or not YYYY-MM-DD."""
+
+
+def run_dates(own_date: date | None, first: str | None, last: str | None) -> list[date]:
+    """The dates R a rebuild run re-derives: the range `first`..`last` (both ends included,
+    either alone one date) if given, else the run's own date.
+
+    A run without a data interval (triggered by hand, through the REST API or by an asset, with
+    no logical date) has no date of its own and must name its range; a reversed range or a
+    malformed date is the same on every retry, so these are `PermanentError`s."""
+    if not first and not last:
+        if own_date is None:
+            raise NoDates(
+                "this run has no date of its own (no logical date): give from_date and/or "
+                "to_date (YYYY-MM-DD) in its conf"
+            )
+        return [own_date]
+    try:
+        start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
+    except ValueError as err:
+        raise NoDates(f"from_date/to_date must be YYYY-MM-DD: {err}") from None
+    if end < start:
+        raise NoDates(f"to_date {end} is before from_date {start}: nothing to rebuild")
+    return [start + timedelta(days=i) for i in range((end - start).days + 1)]
 
 
 class Source(BaseModel):
