@@ -17,6 +17,21 @@ from cairn.dag_ids import Kind, dag_id
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
+DISCOVERY_SCHEDULE = "*/5 * * * *"
+DISCOVERY_DELAY = "5 minutes"
+"""How long a new topic that matches a pattern entry may wait for discovery (its schedule)."""
+
+
+def patterns() -> list[str]:
+    """The pattern entries of the topics file (they wait for discovery; exact entries do not)."""
+    return [e.pattern for e in load_topics(TOPICS_FILE).topics if e.pattern]
+
+
+def pattern_topics(kafka_topic_names: list[str]) -> list[str]:
+    """The topics that pattern entries, and no exact entry, give DAGs among these names."""
+    entries = load_topics(TOPICS_FILE).topics
+    exact = {e.topic for e in entries if e.topic}
+    return [c.topic for c in resolve(entries, kafka_topic_names) if c.topic not in exact]
 
 
 def configured_topics() -> list[TopicConfig]:

@@ -1,9 +1,9 @@
 """Cairn's pages in the Airflow UI and its Prometheus endpoint: a FastAPI app the api-server
 mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
 
-- `/cairn/` lists every configured topic; `/cairn/topics/<topic>` shows one. Both render
-  server-side HTML from `cairn.views.overview` (the archive's own records) plus the Airflow runs'
-  states; nothing runs in the browser.
+- `/cairn/` lists every configured topic (`/cairn` redirects there); `/cairn/topics/<topic>`
+  shows one. Both render server-side HTML from `cairn.views.overview` (the archive's own
+  records) plus the Airflow runs' states; nothing runs in the browser.
 - `/cairn/metrics` serves `cairn.views.metrics.samples` of every topic in Prometheus' text format.
 
 Access (nothing is served without it):
@@ -44,7 +44,7 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.views import metrics, overview, prometheus, status
 from cairn_connections import storage
-from cairn_dags import configured_topics, topic_yaml
+from cairn_dags import DISCOVERY_DELAY, configured_topics, patterns, topic_yaml
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,13 @@ def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
             log.warning("overview of topic %s failed", cfg.topic, exc_info=True)
             row["error"] = f"{type(err).__name__}: {err}"
         rows.append(row)
-    return render("index.html", rows=rows, now=datetime.now(UTC))
+    return render(
+        "index.html",
+        rows=rows,
+        now=datetime.now(UTC),
+        patterns=patterns(),
+        discovery_delay=DISCOVERY_DELAY,
+    )
 
 
 @app.get("/topics/{topic}", response_class=HTMLResponse)
@@ -231,9 +237,26 @@ _templates.filters.update(duration=duration, number=number, percent=percent)
 _templates.globals.update(ago=ago)
 
 
+class PrefixSlash:
+    """Redirect `/cairn` to `/cairn/` (query kept): the api-server's mount serves only paths
+    below its prefix, so the address people type was a 404."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == PREFIX:
+            query = scope.get("query_string", b"").decode()
+            target = f"{PREFIX}/" + (f"?{query}" if query else "")
+            await RedirectResponse(target, status_code=307)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 class CairnOverviewPlugin(AirflowPlugin):
     name = "cairn_overview"
     fastapi_apps: ClassVar = [{"app": app, "url_prefix": PREFIX, "name": "Cairn overview"}]
+    fastapi_root_middlewares: ClassVar = [{"middleware": PrefixSlash, "name": "Cairn /cairn/"}]
     external_views: ClassVar = [
         {
             "name": "Cairn",

@@ -62,6 +62,11 @@ def archived(airflow, kafka) -> dict:
     return {"position": {0: GOOD[0] + BAD, 1: GOOD[1]}}
 
 
+def test_the_address_without_its_slash_redirects_to_the_page(airflow) -> None:
+    code, headers, _ = fetch(airflow.base + "/cairn")
+    assert (code, headers["location"]) == (307, "/cairn/")
+
+
 def test_no_data_without_login(airflow, archived) -> None:
     base = airflow.base
     for path in ("/cairn/", f"/cairn/topics/{E2E_OVERVIEW}", "/cairn/metrics"):

@@ -8,8 +8,10 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+import cairn_dags
 import cairn_overview
 from cairn.config import load_topics
 from cairn.storage.objects import Storage
@@ -26,9 +28,11 @@ def client(tmp_path, monkeypatch) -> TestClient:
         | {"event_time": {"field": "ts", "encoding": "iso8601"}}
         for t, root in (("orders.eu", f"file://{tmp_path}/archive"), ("broken", "file:///nope"))
     ]
+    entries.append({"pattern": r"clicks\..+", "format": "raw"})  # no topic matches yet
     (tmp_path / "order.avsc").write_text(json.dumps(SCHEMA))
     (tmp_path / "topics.yaml").write_text(json.dumps({"topics": entries}))
-    topics = load_topics(tmp_path / "topics.yaml").topics
+    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", tmp_path / "topics.yaml")
+    topics = [t for t in load_topics(tmp_path / "topics.yaml").topics if t.topic]
     good = topics[0]
     archive = Storage(good.root.storage_url)
     records = [
@@ -58,6 +62,8 @@ def test_index_lists_every_topic_and_isolates_a_broken_one(client) -> None:
     assert 'data-topic="orders.eu"' in page.text and "<svg" in page.text  # the lag trend
     assert "archive unreadable: PermissionError: no access to the bucket" in page.text
     assert 'href="/dags/archive__orders.eu"' in page.text
+    assert "Pattern entries (<code>clicks\\..+</code>)" in page.text
+    assert "up to 5 minutes after it is created" in page.text
 
 
 def test_topic_page_shows_runs_and_configuration(client) -> None:
@@ -66,3 +72,19 @@ def test_topic_page_shows_runs_and_configuration(client) -> None:
     assert "Recent runs" in page.text and "run2" in page.text
     assert "topic: orders.eu" in page.text  # the configuration as YAML
     assert client.get("/topics/unknown").status_code == 404
+
+
+def test_the_prefix_without_its_slash_redirects_to_the_index():
+    """Mounted as Airflow's api-server mounts plugins (`init_plugins`): app and root middleware."""
+    root = FastAPI()
+    plugin = cairn_overview.CairnOverviewPlugin
+    for mounted in plugin.fastapi_apps:
+        root.mount(mounted["url_prefix"], mounted["app"])
+    for middleware in plugin.fastapi_root_middlewares:
+        root.add_middleware(middleware["middleware"])
+    browser = TestClient(root, follow_redirects=False)
+
+    assert browser.get("/cairn").headers["location"] == "/cairn/"
+    assert browser.get("/cairn?x=1").headers["location"] == "/cairn/?x=1"
+    assert browser.get("/cairn").status_code == 307
+    assert browser.get("/cairnx").status_code == 404
