@@ -37,6 +37,7 @@ from cairn.protocol.tokens import Token
 from cairn.storage.layout import parse_data_key
 from cairn.views import status as run_status
 from cairn.views.audit import audit_date
+from cairn.views.date_check import verify_date
 from cairn.views.finder import (
     ArchiveIndex,
     FoundRecord,
@@ -45,7 +46,6 @@ from cairn.views.finder import (
     date_files,
     quarantine_records,
 )
-from cairn.views.proof import verify_date
 from cairn.views.status import RunRecord
 
 TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
@@ -199,7 +199,7 @@ def cat(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 
 def verify(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    """The date against the backup (`cairn.views.proof`): one line, then each file whose
+    """The date against the backup (`cairn.views.date_check`): one line, then each file whose
     records, size or offsets differ from what committed it (`cairn.views.audit`)."""
     storage = storage_for(cfg)
     table = table_counter(cfg)

@@ -4,7 +4,7 @@ Sealing a date (`cairn.pipeline.seal`) counts, per Kafka partition and backup fi
 whose records are in the date (`SourceTally`), and sums a checksum share of every record. The
 proof (`Proof`) is stored in the date folder as `_SEALED` and, in short, in the table
 snapshot's summary (`table_summary`); `python -m cairn verify --date` recomputes it from the
-files, the backup and the tokens (`cairn.views.proof`).
+files, the backup and the tokens (`cairn.views.date_check`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def checksum_share(partition: int, offset: int) -> int:
 class Proof(BaseModel):
     """A sealed date's proof of completeness (`_SEALED`, and the table snapshot's summary): which
     Kafka offsets fed the date and how many records each output holds, so anyone can check it
-    again against the files, the backup and the tokens (`cairn.views.proof`)."""
+    again against the files, the backup and the tokens (`cairn.views.date_check`)."""
 
     topic: str
     date: date

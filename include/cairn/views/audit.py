@@ -79,7 +79,7 @@ def audit_date(
 
 
 def _audit_file(storage: Storage, index: ArchiveIndex, f: DataFile) -> FileAudit:
-    if f.sealed:  # many partitions and runs: its date's proof accounts for it (views.proof)
+    if f.sealed:  # many partitions and runs: its date's proof accounts for it (views.date_check)
         return _audit_sealed(storage, index, f)
     audit = FileAudit(key=f.key, kind=f.kind, partition=f.partition, bytes=storage.size(f.key))
     previous = -1
