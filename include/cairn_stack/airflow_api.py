@@ -57,9 +57,10 @@ class AirflowAPI:
         if dag["is_paused"]:
             self.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
-    def trigger(self, dag_id: str) -> str:
-        run = self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
-        return run["dag_run_id"]
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        """A run with no logical date (no data interval), as the README's REST examples make."""
+        body = {"logical_date": None} | ({"conf": conf} if conf else {})
+        return self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
 
     def backfill(self, dag_id: str, first: str, last: str) -> dict:
         """Runs for every interval whose start is within [first, last] (ISO dates)."""

@@ -1,6 +1,7 @@
 """Through the real Airflow 3 scheduler, with the Spark connection pointing at the Spark Connect
 server and the archive on S3: a triggered run archives the topic, and a run stopped by the
-per-run cap triggers the next one at once until the backlog is drained."""
+per-run cap triggers the next one at once until the backlog is drained; the rebuild DAG runs
+by backfill, by clearing, and by a REST trigger with no logical date."""
 
 from __future__ import annotations
 
@@ -116,6 +117,49 @@ def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(
     assert scheduled["state"] == "success"
     rebuilds = [t for t in tokens.list_tokens(storage, E2E_FIXED) if t.kind == "rebuild"]
     assert len(rebuilds) == 4  # two backfill runs, each cleared once; none scheduled
+
+
+def archive_fixed(airflow, kafka) -> str:
+    """Archive a few more records of E2E_FIXED on 2024-05-01 (so the test also runs alone);
+    the id of its rebuild DAG, ready."""
+    create_topic(kafka, E2E_FIXED, partitions=1)
+    produce(kafka, E2E_FIXED, [sent_late(i, REBUILD_NOON + timedelta(hours=i)) for i in range(4)])
+    archive_id, dag_id = "archive__e2e.fixed", "rebuild__e2e.fixed"
+    airflow.wait_for_dag(archive_id)
+    airflow.trigger(archive_id)
+    assert all(r["state"] == "success" for r in airflow.wait_for_runs(archive_id, timeout=600))
+    airflow.wait_for_dag(dag_id)
+    return dag_id
+
+
+def test_rebuild_triggered_through_rest_without_a_logical_date(
+    airflow, kafka, s3, stack_settings
+) -> None:
+    """`POST /api/v2/dags/rebuild__<topic>/dagRuns` with `logical_date: null` (no data interval)
+    rebuilds the range its conf names as one operation; a reversed range fails at once, its
+    cause in the log, with no retry."""
+    dag_id = archive_fixed(airflow, kafka)
+    storage = Storage(f"s3://{stack_settings.bucket}/{E2E_PREFIX}", **s3)
+
+    run_id = airflow.trigger(dag_id, {"from_date": "2024-05-01", "to_date": "2024-05-02"})
+    runs = {r["dag_run_id"]: r for r in airflow.wait_for_runs(dag_id, timeout=900)}
+
+    assert runs[run_id]["state"] == "success" and runs[run_id]["logical_date"] is None
+    done = airflow.xcom(dag_id, run_id, "commit")
+    assert done["kind"] == "rebuild" and done["rebuilt"]["dates"] == ["2024-05-01", "2024-05-02"]
+    (token,) = [t for t in tokens.list_tokens(storage, E2E_FIXED) if t.run_id == run_id]
+    assert token.kind == "rebuild" and token.adds
+
+    reversed_id = airflow.trigger(dag_id, {"from_date": "2024-05-02", "to_date": "2024-05-01"})
+    runs = {r["dag_run_id"]: r for r in airflow.wait_for_runs(dag_id, timeout=300)}
+
+    assert runs[reversed_id]["state"] == "failed"
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(reversed_id)}/taskInstances/select"
+    select = airflow.call("GET", path)
+    assert select["state"] == "failed" and select["try_number"] == 1  # no up_for_retry
+    log = airflow.task_log(dag_id, reversed_id, "select")
+    assert "NoDates: to_date 2024-05-01 is before from_date 2024-05-02" in log
+    assert all(t.run_id != reversed_id for t in tokens.list_tokens(storage, E2E_FIXED))
 
 
 def wait_for_scheduled_run(airflow, dag_id: str, timeout: float = 120) -> dict:
