@@ -4,9 +4,11 @@ A run (select → rebuild → commit → complete → announce) re-derives the r
 dates (`partitioned/<topic>/dt=<date>/` and that date's quarantine) from the verbatim backup with
 today's parser, schema and generation, and commits like an archive run (`cairn.protocol.commit`). It
 runs only when a person asks: by a backfill (`airflow backfill create --dag-id rebuild__<topic>
---from-date … --to-date …`, or the UI), by clearing earlier runs, or by a trigger whose
-`from_date`/`to_date` params name a range to rebuild as one operation. The daily timetable exists
-so that backfills have dates; the runs it would schedule by itself do nothing.
+--from-date … --to-date … --reprocess-behavior completed`, or the UI), by clearing earlier runs,
+or by a trigger (UI or REST, with or without a logical date) whose `from_date`/`to_date` params
+name a range to rebuild as one operation. The daily timetable exists so that backfills have
+dates; the runs it would schedule by itself do nothing (and give recent dates a run, which a
+backfill's default reprocess behavior, `none`, skips).
 """
 
 from __future__ import annotations

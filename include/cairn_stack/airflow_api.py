@@ -73,6 +73,17 @@ class AirflowAPI:
         }
         return self.call("POST", "/api/v2/backfills", body)
 
+    def wait_for_backfills(self, dag_id: str, timeout: float) -> None:
+        """Wait until the scheduler marked every backfill of `dag_id` complete (it does so a
+        moment after their runs finished; until then Airflow refuses a new backfill of the DAG)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.call("GET", f"/api/v2/backfills?dag_id={dag_id}")["backfills"]
+            if all(b["completed_at"] for b in found):
+                return
+            time.sleep(3)
+        raise TimeoutError(f"backfills of {dag_id} still running after {timeout}s")
+
     def clear(self, dag_id: str, run_id: str) -> None:
         """Clear every task of a run so it runs again, as the UI's Clear does."""
         body = {"dry_run": False, "only_failed": False, "dag_run_id": run_id}

@@ -5,13 +5,18 @@ by backfill, by clearing, and by a REST trigger with no logical date."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import quote
 
 from cairn.protocol import tokens
 from cairn.storage.objects import Storage
+from cairn_stack import services
 from cairn_stack.demo import create_topic, produce, sample_events
 from tests.conftest import E2E_FIXED, E2E_PREFIX, E2E_TOPIC, e2e_topics
 from tests.integration.conftest import coords, read_archive
@@ -160,6 +165,35 @@ def test_rebuild_triggered_through_rest_without_a_logical_date(
     log = airflow.task_log(dag_id, reversed_id, "select")
     assert "NoDates: to_date 2024-05-01 is before from_date 2024-05-02" in log
     assert all(t.run_id != reversed_id for t in tokens.list_tokens(storage, E2E_FIXED))
+
+
+def test_the_readme_backfill_command_rebuilds_a_date_that_already_has_a_run(
+    airflow, kafka, s3, stack_settings
+) -> None:
+    """README's command (`airflow backfill create … --reprocess-behavior completed`, run as
+    `cairn_stack airflow` runs it) rebuilds a date again; Airflow's default behavior skips it."""
+    dag_id = archive_fixed(airflow, kafka)
+    storage = Storage(f"s3://{stack_settings.bucket}/{E2E_PREFIX}", **s3)
+    day = REBUILD_NOON.date().isoformat()
+
+    def backfill(*behavior: str) -> int:
+        """Run the command, wait for its runs; how many rebuilds of `day` are committed."""
+        command = ["backfill", "create", "--dag-id", dag_id, "--from-date", day, "--to-date", day]
+        subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), *command, *behavior],
+            env={**os.environ, **services.airflow_env(airflow.settings)},
+            check=True,
+            timeout=300,
+        )
+        airflow.wait_for_runs(dag_id, timeout=900)
+        airflow.wait_for_backfills(dag_id, timeout=120)
+        rebuilt = [t.rebuilt for t in tokens.list_tokens(storage, E2E_FIXED) if t.rebuilt]
+        return sum(r.dates == [REBUILD_NOON.date()] for r in rebuilt)
+
+    first = backfill("--reprocess-behavior", "completed")  # the date has a run after this
+    assert first >= 1
+    assert backfill("--reprocess-behavior", "completed") == first + 1
+    assert backfill() == first + 1  # `none`, the default: the date has a run, nothing happens
 
 
 def wait_for_scheduled_run(airflow, dag_id: str, timeout: float = 120) -> dict:
