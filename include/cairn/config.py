@@ -393,6 +393,16 @@ class TopicConfigError:
         return f"{where}: {self.message}"
 
 
+class TopicsFileError(ValueError):
+    """The topics file is not YAML: names the file, line and column, so it can be fixed there."""
+
+    def __init__(self, path: Path, err: yaml.YAMLError) -> None:
+        mark = getattr(err, "problem_mark", None)
+        where = "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(err, "problem", None) or str(err)
+        super().__init__(f"{path}{where}: not valid YAML: {problem}; fix the file there")
+
+
 @dataclass
 class LoadResult:
     topics: list[TopicConfig]
@@ -405,10 +415,13 @@ def load_topics(path: str | Path) -> LoadResult:
     `defaults` are merged into each entry shallowly (an entry's `event_time` replaces the
     default's whole). Each entry's format then checks it (`cairn.formats`), reading its schemas
     now so a missing or clashing .avsc is an entry error here, not a failed run later. A file
-    that is not YAML at all raises.
+    that is not YAML at all raises TopicsFileError.
     """
     path = Path(path)
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise TopicsFileError(path, err) from None
     if not isinstance(doc, dict):
         return LoadResult([], [TopicConfigError("file", "", f"{path}: expected a mapping")])
     errors = [
@@ -494,6 +507,9 @@ def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
     for cfg in resolve(loaded.topics, [topic]):
         if cfg.topic == topic:
             return cfg
+    own = [e for e in loaded.errors if e.entry == f"topic {topic!r}"]
+    if own:
+        raise LookupError(f"{path}: {'; '.join(map(str, own))}; fix the entry")
     problems = [str(e) for e in loaded.errors]
     detail = f"; the file has errors: {'; '.join(problems)}" if problems else ""
     raise LookupError(f"topic {topic!r} is not configured in {path}{detail}")

@@ -65,7 +65,13 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     cat.add_argument("topic")
     which = cat.add_mutually_exclusive_group(required=True)
     which.add_argument("--date", type=day_arg, help="the quarantine's processing date")
-    which.add_argument("--key", help="one quarantine file's key")
+    which.add_argument(
+        "--file",
+        "--key",  # the first spelling, kept
+        dest="file",
+        metavar="KEY",
+        help="one quarantine file, by its key under the archive root (as `files` lists it)",
+    )
     cat.add_argument("--limit", type=int, default=50, help="records to show (0: all)")
     cat.add_argument("--width", type=int, default=80, help="characters of value to show")
     verify = groups.add_parser(
@@ -155,14 +161,17 @@ def find(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 def cat(cfg: TopicConfig, args: argparse.Namespace) -> int:
     storage = storage_for(cfg)
-    if args.key:
-        named = parse_data_key(args.key)
+    if args.file:
+        named = parse_data_key(args.file)
         if named is None or named.kind != "quarantine" or named.topic != cfg.topic:
-            raise UsageError(f"{args.key!r} is not a quarantine file key of topic {cfg.topic!r}")
-        if not storage.exists(args.key):
-            err().print(f"not found: {args.key}")
+            raise UsageError(
+                f"--file {args.file!r} is not the key of a quarantine file of topic "
+                f"{cfg.topic!r}; `files {cfg.topic} --date D` lists them"
+            )
+        if not storage.exists(args.file):
+            err().print(f"not found: {args.file}")
             return FOUND_PROBLEM
-        keys = [args.key]
+        keys = [args.file]
     else:
         keys = [f.key for f in date_files(storage, cfg, args.date) if f.kind == "quarantine"]
         if not keys:

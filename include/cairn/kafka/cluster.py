@@ -88,8 +88,15 @@ class _Client:
                 if time.monotonic() >= deadline:
                     what = f"metadata of topic {topic!r}" if topic else "the topic list"
                     raise KafkaException(
-                        f"cannot read {what} from {self.kafka.describe()} within {timeout}s: {err}"
+                        f"cannot read {what} from {self.kafka.describe()} within {timeout:g}s: "
+                        f"{reason(err)}"
                     ) from err
+
+
+def reason(err: KafkaException) -> str:
+    """librdkafka's words for a failure (its `KafkaError` shown whole is a struct dump)."""
+    first = err.args[0] if err.args else err
+    return first.str() if isinstance(first, KafkaError) else str(first)
 
 
 def list_topic_names(kafka: KafkaConf, timeout: float = 30.0) -> list[str]:
@@ -167,7 +174,8 @@ def _describing(kafka: KafkaConf, topic: str, timeout: float) -> Iterator[None]:
         ):
             raise TopicNotFound(f"topic {topic!r} does not exist on {kafka.describe()}") from None
         raise KafkaException(
-            f"cannot describe topic {topic!r} on {kafka.describe()} within {timeout}s: {err}"
+            f"cannot describe topic {topic!r} on {kafka.describe()} within {timeout:g}s: "
+            f"{reason(err)}"
         ) from err
 
 

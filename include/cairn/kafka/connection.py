@@ -163,6 +163,11 @@ class KafkaConf:
     def __repr__(self) -> str:
         return f"KafkaConf({self.describe()})"
 
+    def quiet(self) -> KafkaConf:
+        """The same cluster with librdkafka's own log lines off (`log_level` 0), for the CLI:
+        its one-line error says what pages of connection retries would repeat."""
+        return KafkaConf({**self._settings, "log_level": 0}, self.label)
+
     def client_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """confluent-kafka configuration: the settings, minus what Cairn sets, plus `overrides`."""
         mine = {k: v for k, v in self._settings.items() if k not in SET_BY_CAIRN}
