@@ -186,6 +186,7 @@ def registry_config(
 class AvroFormat(ParsingFormat):
     name = "avro"
     Settings = AvroSettings
+    decodes_timestamps = True
 
     @classmethod
     def check(cls, topic: Topic) -> None:
