@@ -7,6 +7,7 @@
     verify TOPIC --date D                    check a date against the backup: every record once
     replay TOPIC --to-topic T [--from P:O] [--to P:O]   re-produce records from the backup
     tokens list|rewind TOPIC                 a topic's offset tokens
+    config-reference                         every key of a topics file: type, default, meaning
 
 Exit status: 0 done; 1 a mismatch, a record or file not found, a refused rewind or a failed
 delivery; 2 a usage or configuration error (the topics file, an argument, credentials, Kafka
@@ -32,9 +33,10 @@ import argparse
 from rich.markup import escape
 
 from cairn.cli import inspect, replay, tokens
-from cairn.cli.common import err
+from cairn.cli.common import OK, err
 from cairn.cli.failures import explain
 from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.views.config_reference import reference
 
 _PER_TOPIC = {
     "files": inspect.files,
@@ -60,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
     inspect.add_parsers(groups)
     replay.add_parser(groups)
     tokens.add_parsers(groups)
+    groups.add_parser("config-reference", help="every key of a topics file")
     return made
 
 
@@ -69,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.group == "status":
             return inspect.status(args.topics_file)
+        if args.group == "config-reference":
+            print(reference(), end="")
+            return OK
         cfg = find_topic(args.topic, args.topics_file)
         return _PER_TOPIC[args.group](cfg, args)
     except Exception as why:

@@ -68,10 +68,12 @@ class EventTime(BaseModel):
     type); a decoded timestamp is accepted whatever the encoding.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    field: str  # dotted path into the record, e.g. `meta.ts`
+    field: str
+    """Dotted path of the event-time field in the record, e.g. ts or meta.ts."""
     encoding: Literal["epoch_seconds", "epoch_millis", "iso8601"] | None = None
+    """How the field encodes a time; leave out for an Avro timestamp-millis/-micros field."""
 
     @field_validator("field")
     @classmethod
