@@ -132,3 +132,27 @@ def test_an_invalid_entry_names_file_topic_and_field(tmp_path) -> None:
         f"error: {topics}: topic 't': new_partition_start: Input should be 'earliest' or "
         "'latest'; fix the entry\n"
     )
+
+
+def test_an_unreachable_storage_endpoint_and_a_missing_topics_file(tmp_path) -> None:
+    topics = topics_file(
+        tmp_path,
+        """
+        topics:
+          - topic: t
+            format: raw
+            archive_root: s3://lake@cairn-bucket/kafka
+        """,
+    )
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    connection = f'{{"login": "k", "password": "s", "extra": {{"endpoint_url": "{endpoint}"}}}}'
+    code, out, err = cli(topics, "tokens", "list", "t", env={"AIRFLOW_CONN_LAKE": connection})
+    assert (code, out) == (3, "")
+    assert err.startswith(
+        "error: archive root s3://lake@cairn-bucket/kafka cannot be reached: Could not connect "
+        f'to the endpoint URL: "{endpoint}/cairn-bucket?'
+    )
+    assert err.endswith('"; check its endpoint\n') and err.count("\n") == 1
+
+    missing = tmp_path / "nope.yaml"
+    assert cli(missing, "status") == (2, "", f"error: {missing}: no such file; check the path\n")

@@ -52,6 +52,8 @@ def _explain(error: Exception, cfg: TopicConfig | None) -> tuple[int, str]:
         return USAGE, f"error: {_no_credentials(cfg)}"
     if isinstance(error, _STORAGE_UNREACHABLE):
         return UNREACHABLE, f"error: {_storage(cfg)} cannot be reached: {error}; check its endpoint"
+    if isinstance(error, FileNotFoundError) and error.filename:  # a file the command was given
+        return USAGE, f"error: {error.filename}: no such file; check the path"
     if isinstance(error, PermissionError):
         return USAGE, f"error: {_storage(cfg)} refused access: {error}; check its credentials"
     if isinstance(error, _CONFIGURATION):
