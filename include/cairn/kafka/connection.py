@@ -123,7 +123,10 @@ class KafkaConf:
         text = Path(path).read_text()
         label = f"Kafka configuration file {str(path)!r}"
         if text.lstrip().startswith("{"):
-            return cls(json.loads(text), label)
+            try:
+                return cls(json.loads(text), label)
+            except json.JSONDecodeError as err:
+                raise KafkaConfigError(f"{label}: not valid JSON: {err}") from None
         settings = {}
         for line in text.splitlines():
             line = line.strip()
