@@ -156,3 +156,30 @@ def test_an_unreachable_storage_endpoint_and_a_missing_topics_file(tmp_path) -> 
 
     missing = tmp_path / "nope.yaml"
     assert cli(missing, "status") == (2, "", f"error: {missing}: no such file; check the path\n")
+
+
+def test_status_shows_the_topics_it_can_and_one_line_for_each_it_cannot(tmp_path) -> None:
+    topics = topics_file(
+        tmp_path,
+        f"""
+        topics:
+          - topic: fine
+            format: raw
+            archive_root: {(tmp_path / "archive").as_uri()}
+          - topic: lake
+            format: raw
+            archive_root: s3://lake@cairn-bucket/kafka
+          - topic: broken
+            format: raw
+            codec: lz4
+        """,
+    )
+    code, out, err = cli(topics, "status")
+    assert code == 2
+    assert "fine" in out and "lake" not in out
+    assert err.splitlines() == [
+        "skipped topic 'broken': codec: Input should be 'deflate', 'snappy', 'zstandard' or 'null'",
+        "topic lake: error: no AWS credentials for archive root s3://lake@cairn-bucket/kafka: "
+        "export the Airflow connection 'lake' as AIRFLOW_CONN_LAKE (JSON: login, password, "
+        "extra), or set AWS_ACCESS_KEY_ID or AWS_PROFILE",
+    ]

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg: TopicConfig | None = None
     try:
         if args.group == "status":
-            return inspect.status(args.topics_file)
+            return inspect.status(args.topics_file, args.debug)
         if args.group == "config-reference":
             print(reference(), end="")
             return OK
