@@ -124,54 +124,77 @@ class TopicConfig(BaseModel):
     users of Secor and Kafka Connect ran into.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, serialize_by_alias=True, use_attribute_docstrings=True
+    )
+    # Each field's docstring is its description in `python -m cairn config-reference`.
 
     topic: str | None = None
+    """The Kafka topic this entry archives (give `topic` or `pattern`)."""
     pattern: str | None = None
-    format: str  # a name in cairn.formats.FORMATS
+    """A regex matching whole topic names, each archived alike; internal `__` topics never match,
+    exact entries win. Kafka is asked for new matches every 5 minutes."""
+    format: str
+    """How values are parsed: json, avro, or raw (verbatim backup only)."""
     event_time: EventTime | None = None
+    """Where each record's event time is: {field: dotted.path, encoding: ...}."""
     time_source: Literal["event", "processing"] = "event"
+    """processing: file records by the time they are archived instead of an event time."""
     schema_file: str | None = Field(default=None, alias="schema")
+    """The Avro record schema (.avsc, relative to the topics file) of the partitioned files; for
+    avro topics the reader schema every writer schema resolves to."""
     path_format: str = DEFAULT_PATH_FORMAT
+    """The partitioned files' folders, strftime of the event time; Hive-style key=value."""
     timezone: str = "UTC"
+    """IANA timezone the folders are rendered in."""
     generation: int = Field(default=1, ge=1)
+    """Output generation, in every file name: bump it for an incompatible output change."""
     max_records_per_partition: int = Field(default=500_000, gt=0)
+    """A run reads at most this many records per Kafka partition; the rest wait for the next."""
     schedule: str = "*/10 * * * *"
+    """When the archive DAG runs: a 5-field cron or an Airflow preset such as @hourly."""
     spread_schedule: bool = True
-    """Shift `schedule` by a minute fixed by the topic's name (`cairn.schedule.spread`), so a
-    fleet of topics on the same schedule does not fire in the same second."""
+    """Run at a minute fixed by the topic's name inside the schedule's interval (*/10 becomes
+    e.g. 7-59/10), so many topics do not start together; other crons are kept as written."""
     archive_root: str = DEFAULT_ARCHIVE_ROOT
+    """Where the archive lives: file:///abs/path or s3://<conn_id>@<bucket>/<prefix>."""
     codec: Literal["deflate", "snappy", "zstandard", "null"] = "deflate"
+    """Avro codec; deflate needs no native library in any reader."""
     new_partition_start: Literal["earliest", "latest"] = "earliest"
+    """Where the first run starts reading: Kafka's first offset or its end."""
     accept_gaps: bool = False
+    """true: records Kafka deleted before they were archived are recorded as a gap, not fatal."""
     consumer_group: str | None = None
-    """Kafka consumer group each commit records the token's offsets in (default `cairn.<topic>`),
-    so lag tools (kafka-consumer-groups, Burrow, kafka-lag-exporter) see Cairn like a consumer."""
+    """The Kafka consumer group each commit gives the token's offsets (null: cairn.<topic>), so
+    lag tools (kafka-consumer-groups, Burrow) see Cairn like a consumer."""
     commit_consumer_group: bool = True
+    """false: leave the consumer group alone (and without it no witness of a changed root)."""
+    start_new_archive: bool = False
+    """Start a new archive at archive_root although the consumer group shows the topic was
+    archived elsewhere; without it such a first run is refused as a changed or mistyped root.
+    Remove it after that run."""
     max_time_lag: timedelta = timedelta(hours=1)
-    """Alert when the oldest record not yet archived is older than this ('30m', '2h', seconds)."""
+    """Alert when the oldest record not yet archived is older than this (30m, 2h, 1d, seconds)."""
     max_quarantine_ratio: float = Field(default=0.01, ge=0, le=1)
     """Alert when more than this share of the recent runs' records went to quarantine."""
     max_run_duration: timedelta = timedelta(hours=1)
     """Report a run still unfinished this long after it was queued (an Airflow Deadline Alert)."""
     spark_timeout: timedelta = timedelta(minutes=30)
-    """Kill one attempt of the topic's Spark job (archive or rebuild) that runs longer than this
-    (Airflow's `execution_timeout`); the retry starts afresh. Time queued for the pool does not
-    count. Safe at any moment: an attempt writes only its own staging until its token commits."""
+    """Kill a Spark job attempt (archive, rebuild) running longer, at least 1m; it is retried
+    afresh. Safe at any moment: an attempt writes only its own staging until it commits."""
     lateness: timedelta | None = timedelta(hours=1)
-    """How long after a date ends (in Kafka time) its records may still arrive before the date
-    is complete (`cairn.pipeline.completeness`); later records amend it. None: no completeness."""
+    """How long after a date ends (Kafka time) its records may still arrive; then the date is
+    complete (_SUCCESS, the asset event cairn.<topic>). null: no completeness."""
     seal: bool = True
-    """Seal each complete date: merge its files, put it in the topic's Iceberg table and prove it
-    complete (`cairn.pipeline.seal`). Needs completeness (`lateness`)."""
+    """Seal each complete date: few large files, its partition of the Iceberg table, a proof."""
     seal_target_file_mb: int = Field(default=128, gt=0)
     """A sealed file's size: at most one file per event-time folder per this many MB."""
     reseal_files: int = Field(default=10, gt=0)
-    """Seal a sealed date again once this many files (late data, a rebuild) are not sealed..."""
+    """Seal a sealed date again once this many of its files are not sealed (late records)..."""
     reseal_mb: int = Field(default=64, gt=0)
     """... or once they hold this many MB."""
     format_settings: Any = Field(default=None, validate_default=True)
-    """The format's own section (`avro: {...}` for format avro), as its `Settings` model."""
+    """The format's own section, named after it (avro: {...})."""
 
     # Directory `schema` is relative to: that of the topics file (include/ by default).
     _base_dir: Path = PrivateAttr(default=INCLUDE_DIR)
@@ -379,6 +402,16 @@ class TopicConfigError:
         return f"{where}: {self.message}"
 
 
+class TopicsFileError(ValueError):
+    """The topics file is not YAML: names the file, line and column, so it can be fixed there."""
+
+    def __init__(self, path: Path, err: yaml.YAMLError) -> None:
+        mark = getattr(err, "problem_mark", None)
+        where = "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(err, "problem", None) or str(err)
+        super().__init__(f"{path}{where}: not valid YAML: {problem}; fix the file there")
+
+
 @dataclass
 class LoadResult:
     topics: list[TopicConfig]
@@ -391,10 +424,13 @@ def load_topics(path: str | Path) -> LoadResult:
     `defaults` are merged into each entry shallowly (an entry's `event_time` replaces the
     default's whole). Each entry's format then checks it (`cairn.formats`), reading its schemas
     now so a missing or clashing .avsc is an entry error here, not a failed run later. A file
-    that is not YAML at all raises.
+    that is not YAML at all raises TopicsFileError.
     """
     path = Path(path)
-    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise TopicsFileError(path, err) from None
     if not isinstance(doc, dict):
         return LoadResult([], [TopicConfigError("file", "", f"{path}: expected a mapping")])
     errors = [
@@ -480,6 +516,9 @@ def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
     for cfg in resolve(loaded.topics, [topic]):
         if cfg.topic == topic:
             return cfg
+    own = [e for e in loaded.errors if e.entry == f"topic {topic!r}"]
+    if own:
+        raise LookupError(f"{path}: {'; '.join(map(str, own))}; fix the entry")
     problems = [str(e) for e in loaded.errors]
     detail = f"; the file has errors: {'; '.join(problems)}" if problems else ""
     raise LookupError(f"topic {topic!r} is not configured in {path}{detail}")

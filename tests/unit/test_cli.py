@@ -6,9 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from botocore.exceptions import NoCredentialsError
+from confluent_kafka import KafkaError, KafkaException
 
 from cairn.cli import main
-from cairn.cli.common import show_bytes
+from cairn.cli.common import FOUND_PROBLEM, UNREACHABLE, USAGE, show_bytes
+from cairn.cli.failures import explain
+from cairn.config import TopicConfig, TopicsFileError
 from cairn.protocol.manifest import FileEntry, Manifest
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import backup_key, manifest_key, token_key
@@ -143,5 +147,48 @@ def test_usage_errors_exit_2_naming_the_problem(tmp_path, capsys) -> None:
     assert "--force" in capsys.readouterr().err
     assert main([*base, "replay", "t", "--to-topic", "u", "--from", "0-3"]) == 2
     assert "PARTITION:OFFSET" in capsys.readouterr().err
-    assert main([*base, "cat", "t", "--key", "backup/t/partition=0/x.avro"]) == 2
-    assert "not a quarantine file key" in capsys.readouterr().err
+    assert main([*base, "cat", "t", "--file", "backup/t/partition=0/x.avro"]) == 2
+    assert "is not the key of a quarantine file of topic 't'" in capsys.readouterr().err
+    assert main([*base, "cat", "t", "--key", "backup/t/partition=0/x.avro"]) == 2  # old spelling
+    assert "is not the key of a quarantine file" in capsys.readouterr().err
+
+
+def test_topics_file_mistakes_are_one_line_naming_file_line_and_field(tmp_path, capsys) -> None:
+    topics = tmp_path / "topics.yaml"
+    topics.write_text("topics:\n  - topic: t\n    format: raw\n   schedule: x\n")
+    assert main(["--topics-file", str(topics), "tokens", "list", "t"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {topics}, line 4, column 4: not valid YAML: expected <block end>, but found "
+        "'<block mapping start>'; fix the file there\n"
+    )
+    topics.write_text("topics:\n  - topic: t\n    format: raw\n    schedule: every minute\n")
+    assert main(["--topics-file", str(topics), "tokens", "list", "t"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {topics}: topic 't': schedule: 'every minute' is neither a 5-field cron "
+        "expression nor a preset; fix the entry\n"
+    )
+
+
+def test_debug_shows_the_traceback_instead(tmp_path) -> None:
+    topics = tmp_path / "topics.yaml"
+    topics.write_text("topics: [")
+    with pytest.raises(TopicsFileError, match="line 1, column 10"):
+        main(["--topics-file", str(topics), "--debug", "tokens", "list", "t"])
+
+
+def test_failures_are_worded_once_with_their_exit_codes() -> None:
+    s3 = TopicConfig(topic="t", format="raw", archive_root="s3://lake@bucket/x")
+    code, line = explain(NoCredentialsError(), s3)
+    assert code == USAGE
+    assert line.startswith("error: no AWS credentials for archive root s3://lake@bucket/x: ")
+    assert "export the Airflow connection 'lake' as AIRFLOW_CONN_LAKE" in line
+    down = KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))
+    assert explain(down, s3) == (
+        UNREACHABLE,
+        "error: Kafka: Broker transport failure; check that the bootstrap servers are right and "
+        "Kafka is up (--bootstrap-servers, --kafka-config, CAIRN_KAFKA_CONFIG), then run again",
+    )
+    assert explain(RuntimeError("two\n  lines"), None) == (
+        FOUND_PROBLEM,
+        "failed: RuntimeError: two lines (--debug shows where)",
+    )

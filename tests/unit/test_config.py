@@ -359,3 +359,71 @@ def test_spark_timeout_defaults_to_30_minutes_and_reads_durations(tmp_path):
     assert field == "spark_timeout" and "at least 1m" in message
     ((field, message),) = found["topic 'not.a.duration'"]
     assert field == "spark_timeout" and "not a duration" in message
+
+
+def test_an_event_time_encoding_that_cannot_read_the_schema_field_is_refused(tmp_path):
+    schema = {
+        "type": "record",
+        "name": "E",
+        "fields": [
+            {"name": "ts", "type": "long"},
+            {"name": "at", "type": ["null", "string"], "default": None},
+            {"name": "meta", "type": {"type": "record", "name": "M", "fields": [
+                {"name": "when", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+                {"name": "flag", "type": "boolean"},
+            ]}},
+        ],
+    }  # fmt: skip
+    (tmp_path / "e.avsc").write_text(json.dumps(schema))
+    entries = [
+        ("json", "ts", "iso8601"),
+        ("json", "at", "epoch_millis"),
+        ("json", "meta.flag", "epoch_seconds"),
+        ("avro", "ts", None),
+        ("avro", "meta.when", "iso8601"),  # fits: decoded to a datetime
+        ("avro", "missing", "epoch_millis"),
+        ("json", "missing", "epoch_millis"),  # fits: JSON reads it from the object itself
+        ("json", "ts", "epoch_seconds"),
+    ]
+    topics = [
+        {"topic": f"t{i}", "format": fmt, "schema": "e.avsc"}
+        | {"event_time": {"field": field, "encoding": encoding}}
+        | ({"avro": {"framing": "plain", "writer_schema": "e.avsc"}} if fmt == "avro" else {})
+        for i, (fmt, field, encoding) in enumerate(entries)
+    ]
+    path = tmp_path / "topics.yaml"
+    path.write_text(json.dumps({"topics": topics}))
+    result = load_topics(path)
+    assert [c.topic for c in result.topics] == ["t4", "t6", "t7"]
+    quarantined = "every record would be quarantined"
+    assert errors_by_entry(result) == {
+        "topic 't0'": [
+            (
+                "event_time.encoding",
+                "encoding iso8601 cannot read field 'ts', whose schema type is long: "
+                f"{quarantined}; encodings that fit: epoch_seconds, epoch_millis",
+            )
+        ],
+        "topic 't1'": [
+            (
+                "event_time.encoding",
+                "encoding epoch_millis cannot read field 'at', whose schema type is "
+                f'["null","string"]: {quarantined}; encodings that fit: iso8601',
+            )
+        ],
+        "topic 't2'": [
+            (
+                "event_time.encoding",
+                "encoding epoch_seconds cannot read field 'meta.flag', whose schema type is "
+                f"boolean: {quarantined}; no encoding fits it",
+            )
+        ],
+        "topic 't3'": [
+            (
+                "event_time.encoding",
+                "an event time without encoding cannot read field 'ts', whose schema type is "
+                f"long: {quarantined}; encodings that fit: epoch_seconds, epoch_millis",
+            )
+        ],
+        "topic 't5'": [("event_time.field", "'missing' is not a field of the schema")],
+    }

@@ -206,6 +206,9 @@ def test_files_in_json_or_properties_form(tmp_path):
         kafka = KafkaConf.from_file(path)
         assert kafka.label == f"Kafka configuration file {str(path)!r}"
         assert kafka.spark_options() == KafkaConf(sasl_ssl()).spark_options()
+    as_json.write_text('{"bootstrap.servers": "h:9092",}')
+    with pytest.raises(KafkaConfigError, match=r"kafka.json'\: not valid JSON: Expecting"):
+        KafkaConf.from_file(as_json)
 
 
 def test_stack_ca_is_a_ca_and_the_server_certificate_names_the_host(tmp_path):

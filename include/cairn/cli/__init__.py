@@ -3,13 +3,16 @@
     status                                   every configured topic: position, lag, last run
     files TOPIC --date D                     a date's partitioned and quarantine files
     find TOPIC PARTITION OFFSET              a record's backup copy and where it was filed
-    cat TOPIC (--date D | --key KEY)         quarantined records with their reasons
+    cat TOPIC (--date D | --file KEY)        quarantined records with their reasons
     verify TOPIC --date D                    check a date against the backup: every record once
     replay TOPIC --to-topic T [--from P:O] [--to P:O]   re-produce records from the backup
     tokens list|rewind TOPIC                 a topic's offset tokens
+    config-reference                         every key of a topics file: type, default, meaning
 
 Exit status: 0 done; 1 a mismatch, a record or file not found, a refused rewind or a failed
-delivery; 2 a usage or configuration error (the message names it).
+delivery; 2 a usage or configuration error (the topics file, an argument, credentials, Kafka
+settings); 3 Kafka or the archive's storage could not be reached. An error is one line on stderr
+naming what is wrong and what to do; `--debug` shows its traceback (and librdkafka's log).
 
 Topics come from the topics file (`--topics-file`, else `CAIRN_TOPICS_FILE`, else
 include/topics.yaml). Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the
@@ -30,12 +33,10 @@ import argparse
 from rich.markup import escape
 
 from cairn.cli import inspect, replay, tokens
-from cairn.cli.common import FOUND_PROBLEM, USAGE, UsageError, err
-from cairn.config import TOPICS_FILE, find_topic
-from cairn.errors import PermanentError
-from cairn.kafka.connection import KafkaAccessDenied, KafkaConfigError
-from cairn.views.finder import NotArchived
-from cairn.views.replay import ReplayRefused
+from cairn.cli.common import OK, err
+from cairn.cli.failures import explain
+from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.views.config_reference import reference
 
 _PER_TOPIC = {
     "files": inspect.files,
@@ -56,34 +57,29 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     made.add_argument("--topics-file", default=str(TOPICS_FILE))
+    made.add_argument("--debug", action="store_true", help="on an error, show its traceback")
     groups = made.add_subparsers(dest="group", required=True)
     inspect.add_parsers(groups)
     replay.add_parser(groups)
     tokens.add_parsers(groups)
+    groups.add_parser("config-reference", help="every key of a topics file")
     return made
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    cfg: TopicConfig | None = None
     try:
         if args.group == "status":
-            return inspect.status(args.topics_file)
+            return inspect.status(args.topics_file, args.debug)
+        if args.group == "config-reference":
+            print(reference(), end="")
+            return OK
         cfg = find_topic(args.topic, args.topics_file)
         return _PER_TOPIC[args.group](cfg, args)
-    except NotArchived as why:
-        err().print(f"not found: {escape(str(why))}")
-        return FOUND_PROBLEM
-    except (
-        UsageError,
-        LookupError,
-        FileNotFoundError,
-        KafkaConfigError,
-        KafkaAccessDenied,
-        ReplayRefused,
-        ValueError,
-    ) as why:
-        err().print(f"error: {escape(str(why))}")
-        return USAGE
-    except PermanentError as why:  # a failed delivery, a corrupt token or manifest
-        err().print(f"failed: {escape(str(why))}")
-        return FOUND_PROBLEM
+    except Exception as why:
+        if args.debug:
+            raise
+        code, line = explain(why, cfg)
+        err().print(escape(line), soft_wrap=True)
+        return code

@@ -18,9 +18,9 @@ from cairn.kafka.connection import KafkaConf
 from cairn.storage.objects import Storage
 from cairn.storage.s3_access import env_connection_options
 
-OK, FOUND_PROBLEM, USAGE = 0, 1, 2
-"""Exit codes: done; a mismatch, a record or file not found, a failed delivery; a usage or
-configuration error."""
+OK, FOUND_PROBLEM, USAGE, UNREACHABLE = 0, 1, 2, 3
+"""Exit codes: done; a mismatch, a record or file not found, a refusal or a failed delivery; a
+usage or configuration error; Kafka or the archive's storage could not be reached."""
 
 NONE = "—"
 
@@ -81,18 +81,21 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
 
 
 def kafka_for(args: argparse.Namespace, command: str) -> KafkaConf:
-    """The Kafka configuration the arguments or the environment name (see `cairn.cli`)."""
+    """The Kafka configuration the arguments or the environment name (see `cairn.cli`), with
+    librdkafka's log lines off unless `--debug`."""
     if args.kafka_config:
-        return KafkaConf.from_file(args.kafka_config)
-    if args.bootstrap_servers:
-        return KafkaConf.from_bootstrap(args.bootstrap_servers, "--bootstrap-servers")
-    found = KafkaConf.from_env(os.environ)
-    if found is None:
-        raise UsageError(
-            f"{command} needs Kafka: pass --kafka-config FILE or --bootstrap-servers, or set "
-            "CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
-        )
-    return found
+        found = KafkaConf.from_file(args.kafka_config)
+    elif args.bootstrap_servers:
+        found = KafkaConf.from_bootstrap(args.bootstrap_servers, "--bootstrap-servers")
+    else:
+        from_env = KafkaConf.from_env(os.environ)
+        if from_env is None:
+            raise UsageError(
+                f"{command} needs Kafka: pass --kafka-config FILE or --bootstrap-servers, or set "
+                "CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
+            )
+        found = from_env
+    return found if args.debug else found.quiet()
 
 
 def day_arg(text: str) -> date:

@@ -17,6 +17,7 @@ from cairn.cli.common import (
     FOUND_PROBLEM,
     NONE,
     OK,
+    USAGE,
     UsageError,
     day_arg,
     err,
@@ -29,6 +30,7 @@ from cairn.cli.common import (
     storage_for,
     table_counter,
 )
+from cairn.cli.failures import explain
 from cairn.config import TopicConfig, load_topics
 from cairn.datafiles.avro_file import millis
 from cairn.formats import registries_from_env
@@ -65,7 +67,13 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     cat.add_argument("topic")
     which = cat.add_mutually_exclusive_group(required=True)
     which.add_argument("--date", type=day_arg, help="the quarantine's processing date")
-    which.add_argument("--key", help="one quarantine file's key")
+    which.add_argument(
+        "--file",
+        "--key",  # the first spelling, kept
+        dest="file",
+        metavar="KEY",
+        help="one quarantine file, by its key under the archive root (as `files` lists it)",
+    )
     cat.add_argument("--limit", type=int, default=50, help="records to show (0: all)")
     cat.add_argument("--width", type=int, default=80, help="characters of value to show")
     verify = groups.add_parser(
@@ -75,10 +83,13 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
     verify.add_argument("--date", type=day_arg, required=True, help="YYYY-MM-DD")
 
 
-def status(topics_file: str) -> int:
+def status(topics_file: str, debug: bool = False) -> int:
+    """Every topic's row; a broken entry or a topic whose archive cannot be read is one line on
+    stderr, the others are still shown, and the exit code is the worst problem's."""
     loaded = load_topics(topics_file)
+    worst = USAGE if loaded.errors else OK
     for problem in loaded.errors:
-        err().print(f"[yellow]skipped[/] {escape(str(problem))}")
+        err().print(f"[yellow]skipped[/] {escape(str(problem))}", soft_wrap=True)
     table = Table(
         "topic",
         "position",
@@ -91,24 +102,33 @@ def status(topics_file: str) -> int:
         title_justify="left",
     )
     for cfg in configured_topics(loaded.topics, storage_for):
-        storage = storage_for(cfg)
-        index = ArchiveIndex(storage, cfg.topic)
-        seen = run_status.topic_status(storage, cfg.topic)
-        last, newest = seen.last, index.newest()
-        complete = completeness.last_complete(storage, cfg.topic)
-        table.add_row(
-            cfg.topic,
-            show_offsets(index.position()),
-            _offset_lag(last),
-            NONE
-            if last is None or last.time_lag_seconds is None
-            else _seconds(last.time_lag_seconds),
-            _last_run(last, newest),
-            NONE if seen.quarantine_ratio is None else f"{seen.quarantine_ratio:.2%}",
-            NONE if complete is None else complete.isoformat(),
-        )
+        try:
+            table.add_row(*_status_row(cfg))
+        except Exception as why:
+            if debug:
+                raise
+            code, line = explain(why, cfg)
+            err().print(f"topic {escape(cfg.topic or '')}: {escape(line)}", soft_wrap=True)
+            worst = max(worst, code)
     out().print(table)
-    return OK
+    return worst
+
+
+def _status_row(cfg: TopicConfig) -> list[str]:
+    storage = storage_for(cfg)
+    index = ArchiveIndex(storage, cfg.topic)
+    seen = run_status.topic_status(storage, cfg.topic)
+    last, newest = seen.last, index.newest()
+    complete = completeness.last_complete(storage, cfg.topic)
+    return [
+        cfg.topic or "",
+        show_offsets(index.position()),
+        _offset_lag(last),
+        NONE if last is None or last.time_lag_seconds is None else _seconds(last.time_lag_seconds),
+        _last_run(last, newest),
+        NONE if seen.quarantine_ratio is None else f"{seen.quarantine_ratio:.2%}",
+        NONE if complete is None else complete.isoformat(),
+    ]
 
 
 def files(cfg: TopicConfig, args: argparse.Namespace) -> int:
@@ -155,14 +175,17 @@ def find(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 def cat(cfg: TopicConfig, args: argparse.Namespace) -> int:
     storage = storage_for(cfg)
-    if args.key:
-        named = parse_data_key(args.key)
+    if args.file:
+        named = parse_data_key(args.file)
         if named is None or named.kind != "quarantine" or named.topic != cfg.topic:
-            raise UsageError(f"{args.key!r} is not a quarantine file key of topic {cfg.topic!r}")
-        if not storage.exists(args.key):
-            err().print(f"not found: {args.key}")
+            raise UsageError(
+                f"--file {args.file!r} is not the key of a quarantine file of topic "
+                f"{cfg.topic!r}; `files {cfg.topic} --date D` lists them"
+            )
+        if not storage.exists(args.file):
+            err().print(f"not found: {args.file}")
             return FOUND_PROBLEM
-        keys = [args.key]
+        keys = [args.file]
     else:
         keys = [f.key for f in date_files(storage, cfg, args.date) if f.kind == "quarantine"]
         if not keys:

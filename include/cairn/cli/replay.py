@@ -66,7 +66,10 @@ def run(cfg: TopicConfig, args: argparse.Namespace) -> int:
         TextColumn("offsets"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err()) as progress:
+    shown = err()
+    with Progress(
+        *columns, console=shown, transient=True, disable=not shown.is_terminal
+    ) as progress:
         task = progress.add_task(f"replay {cfg.topic} → {args.to_topic}", total=total)
         done = {r: r.start for r in ranges}
 

@@ -9,10 +9,9 @@ import json
 import sys
 from datetime import datetime
 
-from cairn.cli.common import FOUND_PROBLEM, OK, USAGE, add_kafka_args, kafka_for, storage_for
+from cairn.cli.common import FOUND_PROBLEM, OK, add_kafka_args, kafka_for, storage_for
 from cairn.config import TopicConfig
 from cairn.kafka import cluster
-from cairn.kafka.connection import KafkaAccessDenied, KafkaConfigError
 from cairn.protocol import rewind, tokens
 
 
@@ -55,11 +54,7 @@ def list_tokens(cfg: TopicConfig) -> int:
 
 
 def rewind_tokens(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    try:
-        state = cluster.fetch_topic(kafka_for(args, "rewind"), cfg.topic)
-    except (KafkaConfigError, KafkaAccessDenied) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return USAGE
+    state = cluster.fetch_topic(kafka_for(args, "rewind"), cfg.topic)
     try:
         deleted = rewind.rewind(
             storage_for(cfg),

@@ -61,12 +61,16 @@ class Resolution(NamedTuple):
 class AvroSettings(BaseModel):
     """The `avro:` section of a topic entry; paths are relative to the topics file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     framing: Literal["confluent", "plain"] = "confluent"
-    registry: str | None = None  # Airflow connection id of a Confluent-compatible registry
-    schemas_dir: str | None = None  # air-gapped: <dir>/<subject>/<version>-<id>.avsc
-    writer_schema: str | None = None  # plain framing: the one writer schema (.avsc)
+    """confluent: a magic byte and the writer schema's id before each value; plain: Avro only."""
+    registry: str | None = None
+    """confluent: the Airflow connection id of a Confluent-compatible Schema Registry."""
+    schemas_dir: str | None = None
+    """confluent, air-gapped: a folder of <subject>/<version>-<id>.avsc writer schemas."""
+    writer_schema: str | None = None
+    """plain: the one writer schema (.avsc) every value was written with."""
 
     @model_validator(mode="after")
     def _consistent(self) -> AvroSettings:
@@ -186,6 +190,7 @@ def registry_config(
 class AvroFormat(ParsingFormat):
     name = "avro"
     Settings = AvroSettings
+    decodes_timestamps = True
 
     @classmethod
     def check(cls, topic: Topic) -> None:

@@ -13,6 +13,7 @@ Formats see a topic through `Topic`, the few settings they read, and never impor
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 from abc import ABC, abstractmethod
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import fastavro
+from fastavro.schema import expand_schema
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from cairn.datafiles.avro_file import TIMESTAMP_MILLIS
@@ -50,6 +52,13 @@ MAX_REASON = 300
 _FIELD_PATH_RE = re.compile(r"[^.\s]+(\.[^.\s]+)*")
 _TYPE_NAMES = {str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 _TYPE_NAMES |= {dict: "object", list: "array", bytes: "bytes", datetime: "timestamp"}
+_ENCODINGS: tuple[str | None, ...] = (None, "epoch_seconds", "epoch_millis", "iso8601")
+_TIMESTAMP_TYPES = {
+    "timestamp-millis",
+    "timestamp-micros",
+    "local-timestamp-millis",
+    "local-timestamp-micros",
+}
 
 
 class EventTime(BaseModel):
@@ -59,10 +68,12 @@ class EventTime(BaseModel):
     type); a decoded timestamp is accepted whatever the encoding.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    field: str  # dotted path into the record, e.g. `meta.ts`
+    field: str
+    """Dotted path of the event-time field in the record, e.g. ts or meta.ts."""
     encoding: Literal["epoch_seconds", "epoch_millis", "iso8601"] | None = None
+    """How the field encodes a time; leave out for an Avro timestamp-millis/-micros field."""
 
     @field_validator("field")
     @classmethod
@@ -178,6 +189,10 @@ class ParsingFormat(Format):
     """
 
     parses = True
+    decodes_timestamps: ClassVar[bool] = False
+    """Whether values arrive as records of the schema, decoded (an Avro timestamp as a datetime,
+    which any encoding reads), or as the format's own text and numbers (JSON, whose event-time
+    field need not be in the schema)."""
 
     @classmethod
     def check(cls, topic: Topic) -> None:
@@ -194,6 +209,31 @@ class ParsingFormat(Format):
             output_schema(topic.user_schema or {})
         except ValueError as err:
             raise FieldError("schema", str(err)) from None
+        if topic.event_time is not None:
+            cls._check_event_time(topic.user_schema or {}, topic.event_time)
+
+    @classmethod
+    def _check_event_time(cls, schema: dict[str, Any], spec: EventTime) -> None:
+        """Refuse an encoding that cannot read the schema's event-time field: every record
+        would be quarantined. A field the schema lacks is refused only where values are the
+        schema's records (JSON reads the event time from the object itself)."""
+        found = field_type(schema, spec.field)
+        if found is None:
+            if cls.decodes_timestamps:
+                raise FieldError("event_time.field", f"'{spec.field}' is not a field of the schema")
+            return
+        fits = encodings_for(found, cls.decodes_timestamps)
+        if spec.encoding in fits:
+            return
+        shown = json.dumps(found, separators=(",", ":")).strip('"')
+        named = [e or "no encoding (a timestamp logical type)" for e in _ENCODINGS if e in fits]
+        choice = f"encodings that fit: {', '.join(named)}" if named else "no encoding fits it"
+        what = f"encoding {spec.encoding}" if spec.encoding else "an event time without encoding"
+        raise FieldError(
+            "event_time.encoding",
+            f"{what} cannot read field '{spec.field}', whose schema type is {shown}: every record "
+            f"would be quarantined; {choice}",
+        )
 
     def __init__(self, topic: Topic, registries: Registries | None = None) -> None:
         """`registries`: Schema Registry client configurations by connection id, for the
@@ -307,6 +347,42 @@ def event_millis(record: dict[str, Any], spec: EventTime, tz: tzinfo) -> int:
     if not MIN_EVENT_MS <= millis <= MAX_EVENT_MS:
         raise Reject(f"event time field '{name}' is out of range (years 1000-9999)")
     return millis
+
+
+def field_type(schema: dict[str, Any], path: str) -> Any:
+    """The Avro type of the dotted field `path` in a record schema (named types expanded, a
+    nullable record followed); None if the schema has no such field."""
+    found: Any = expand_schema(schema)
+    for part in path.split("."):
+        records = [t for t in _branches(found) if isinstance(t, dict) and t.get("type") == "record"]
+        fields = [f for r in records for f in r.get("fields", []) if f.get("name") == part]
+        if not fields:
+            return None
+        found = fields[0]["type"]
+    return found
+
+
+def encodings_for(avro_type: Any, decoded: bool) -> set[str | None]:
+    """The `event_time.encoding`s that read a field of this Avro type (None: no encoding, the
+    value is a decoded timestamp). `decoded`: the format decodes logical types."""
+    fits: set[str | None] = set()
+    for branch in _branches(avro_type):
+        logical = branch.get("logicalType") if isinstance(branch, dict) else None
+        base = branch.get("type") if isinstance(branch, dict) else branch
+        if decoded and logical in _TIMESTAMP_TYPES:
+            fits |= set(_ENCODINGS)
+        elif decoded and logical is not None:
+            continue  # a date, decimal, uuid...: decoded to what no encoding reads
+        elif base in ("int", "long", "float", "double"):
+            fits |= {"epoch_seconds", "epoch_millis"}
+        elif base == "string":
+            fits.add("iso8601")
+    return fits
+
+
+def _branches(avro_type: Any) -> list[Any]:
+    """A union's types but null; any other type alone."""
+    return [t for t in avro_type if t != "null"] if isinstance(avro_type, list) else [avro_type]
 
 
 def type_name(value: Any) -> str:

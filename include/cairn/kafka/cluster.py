@@ -56,6 +56,14 @@ _CONSUMER = {
 """Cairn's consumers read by assignment, committed records only, and never create topics."""
 
 
+_COORDINATOR_SETTLING = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
+"""Answers of a group coordinator that is still starting (a new cluster): asked again."""
+
+
 class _Client:
     """A confluent-kafka client that remembers the errors librdkafka reported on the side."""
 
@@ -90,8 +98,15 @@ class _Client:
                 if time.monotonic() >= deadline:
                     what = f"metadata of topic {topic!r}" if topic else "the topic list"
                     raise KafkaException(
-                        f"cannot read {what} from {self.kafka.describe()} within {timeout}s: {err}"
+                        f"cannot read {what} from {self.kafka.describe()} within {timeout:g}s: "
+                        f"{reason(err)}"
                     ) from err
+
+
+def reason(err: KafkaException) -> str:
+    """librdkafka's words for a failure (its `KafkaError` shown whole is a struct dump)."""
+    first = err.args[0] if err.args else err
+    return first.str() if isinstance(first, KafkaError) else str(first)
 
 
 def list_topic_names(kafka: KafkaConf, timeout: float = 30.0) -> list[str]:
@@ -169,7 +184,8 @@ def _describing(kafka: KafkaConf, topic: str, timeout: float) -> Iterator[None]:
         ):
             raise TopicNotFound(f"topic {topic!r} does not exist on {kafka.describe()}") from None
         raise KafkaException(
-            f"cannot describe topic {topic!r} on {kafka.describe()} within {timeout}s: {err}"
+            f"cannot describe topic {topic!r} on {kafka.describe()} within {timeout:g}s: "
+            f"{reason(err)}"
         ) from err
 
 
@@ -233,6 +249,37 @@ def commit_group_offsets(
             f"consumer group {group!r} topic {topic!r}: "
             + "; ".join(f"partition {tp.partition}: {tp.error.str()}" for tp in failed)
         )
+
+
+def group_offsets(
+    kafka: KafkaConf, group: str, topic: str, partitions: list[int], timeout: float = 30.0
+) -> dict[int, int]:
+    """The offsets consumer group `group` has committed for `topic`, per partition that has one:
+    where the archive's commits last put the group (`commit_group_offsets`).
+
+    Asked by a consumer of the group that never joins it (nothing subscribes, nothing commits):
+    the admin client's `list_consumer_group_offsets` crashes the process on a group whose
+    coordinator is still loading (librdkafka, confluent-kafka-python#1982). A new cluster's
+    coordinator takes a while: each try is a new consumer, so it looks the coordinator up anew.
+    """
+    asked = [TopicPartition(topic, p) for p in sorted(partitions)]
+    deadline = time.monotonic() + timeout
+    while True:
+        reader = _Client(kafka, Consumer, **_CONSUMER, **{"group.id": group})
+        try:
+            found = reader.client.committed(asked, timeout=max(1.0, deadline - time.monotonic()))
+            return {tp.partition: tp.offset for tp in found if tp.error is None and tp.offset >= 0}
+        except KafkaException as err:
+            reader.check_access()
+            settling = err.args[0].retriable() or err.args[0].code() in _COORDINATOR_SETTLING
+            if not settling or time.monotonic() >= deadline:
+                raise KafkaException(
+                    f"cannot read consumer group {group!r} offsets of topic {topic!r} on "
+                    f"{kafka.describe()} within {timeout:g}s: {reason(err)}"
+                ) from err
+        finally:
+            reader.client.close()
+        time.sleep(0.5)
 
 
 def offsets_after(

@@ -123,7 +123,10 @@ class KafkaConf:
         text = Path(path).read_text()
         label = f"Kafka configuration file {str(path)!r}"
         if text.lstrip().startswith("{"):
-            return cls(json.loads(text), label)
+            try:
+                return cls(json.loads(text), label)
+            except json.JSONDecodeError as err:
+                raise KafkaConfigError(f"{label}: not valid JSON: {err}") from None
         settings = {}
         for line in text.splitlines():
             line = line.strip()
@@ -162,6 +165,11 @@ class KafkaConf:
 
     def __repr__(self) -> str:
         return f"KafkaConf({self.describe()})"
+
+    def quiet(self) -> KafkaConf:
+        """The same cluster with librdkafka's own log lines off (`log_level` 0), for the CLI:
+        its one-line error says what pages of connection retries would repeat."""
+        return KafkaConf({**self._settings, "log_level": 0}, self.label)
 
     def client_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """confluent-kafka configuration: the settings, minus what Cairn sets, plus `overrides`."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from cairn.config import TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline.plan import Plan, TopicRecreated, lag, plan
+from cairn.pipeline.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
 from cairn.protocol import commit, manifest, rewind, tokens
 from cairn.storage.layout import claims_folder, manifest_key
 from cairn.storage.objects import Storage
@@ -69,6 +69,17 @@ class Planned(BaseModel):
         return commit.staged(storage, self.claim)
 
 
+def check_new_archive(cfg: TopicConfig, kafka: KafkaConf, partitions: list[int]) -> None:
+    """Refuse to start an archive where the root holds nothing of the topic but its consumer
+    group, which every commit moves, says it was archived (`ArchiveElsewhere`), unless the
+    entry says `start_new_archive`. A topic whose group Cairn does not commit has no witness."""
+    if cfg.start_new_archive or not cfg.commit_consumer_group:
+        return
+    found = cluster.group_offsets(kafka, cfg.group_id, cfg.topic, partitions)
+    if found:
+        raise ArchiveElsewhere(cfg.topic, cfg.archive_root, cfg.group_id, found)
+
+
 def load_planned(storage: Storage, claim_key: str) -> Planned:
     """The plan stored in a claim object (how the Spark job receives it)."""
     return Planned.model_validate_json(storage.read(claim_key))
@@ -85,6 +96,10 @@ def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) 
     state = cluster.fetch_topic(kafka, topic)
     position = token.next_offsets if token else {}
     rewound = rewind.survey(storage, topic, position)
+    spans = rewind.spans(storage, rewound)
+    planned_before = token is None and storage.holds_any(claims_folder(topic, "archive"))
+    if token is None and not any(spans.values()) and not planned_before:
+        check_new_archive(cfg, kafka, list(state.watermarks))
     planned = plan(
         topic,
         token,
@@ -93,9 +108,9 @@ def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) 
         cfg.new_partition_start,
         cfg.accept_gaps,
         state.topic_id,
-        rewound=rewind.spans(storage, rewound),
+        rewound=spans,
         compacted=state.compacted,
-        planned_before=token is None and storage.holds_any(claims_folder(topic, "archive")),
+        planned_before=planned_before,
     )
     for gap in planned.gaps:
         log.warning(

@@ -45,6 +45,21 @@ class PartitionVanished(PlanError):
     """A partition the archive has read from no longer exists in Kafka."""
 
 
+class ArchiveElsewhere(PlanError):
+    """The archive root holds nothing of a topic Kafka says was archived: a changed or mistyped
+    `archive_root` would start it again from the beginning in the wrong place."""
+
+    def __init__(self, topic: str, root: str, group: str, offsets: dict[int, int]) -> None:
+        shown = " ".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
+        super().__init__(
+            f"topic {topic!r}: archive root {root} holds no tokens of it, but its consumer group "
+            f"{group!r} shows it was archived up to offsets {shown} (partition:offset), so its "
+            "archive is elsewhere: was archive_root changed or mistyped? Point archive_root back "
+            "at the archive, or, to start a new archive here on purpose, set start_new_archive: "
+            "true for this topic (remove it after the first run)"
+        )
+
+
 class Span(NamedTuple):
     """A rewound backup file: archived by a run whose token a rewind deleted, at or after the
     position. Every parsed and quarantine file of its records lies within `[first, last]`."""
