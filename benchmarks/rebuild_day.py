@@ -307,7 +307,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         records_per_second=round(in_day / spark_s),
         backup_records_per_second=round(read_records / spark_s),
         files_written=len(rebuilt.files),
-        files_removed=len(rebuilt.removed),
+        files_removed=len(token.replaces),
         files_in_day_before=len(before),
         check_seconds=round(check_s, 1),
         archive_seconds=round(archive_s, 1),
