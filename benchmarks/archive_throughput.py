@@ -161,6 +161,8 @@ class PeerRun:
     records_per_second: float
     peak_rss_mb: int
     command: str
+    cpu_seconds: float = 0
+    """Its process tree's CPU (`Peaks.cpu_seconds`), where measured."""
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -258,6 +260,14 @@ class Peaks:
     job: Path = JOB
     """The Spark job's script: a Python process running it is the driver."""
     _cmdlines: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+    _cpu: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    @property
+    def cpu_seconds(self) -> float:
+        """User and system CPU of every process of the trees, as last sampled: on a machine
+        others load too, less noisy than wall time (a process that lives less than a sample
+        is missed; Spark's Python workers are reused and live to the end)."""
+        return sum(self._cpu.values())
 
     def sample(self, root: psutil.Process, *others: psutil.Process) -> int:
         """Add one sample of the process trees of `root` and `others`; returns their RSS."""
@@ -273,6 +283,8 @@ class Peaks:
                 rss = p.memory_info().rss
                 role = _role(p, self._cmdlines, self.job)
                 now[role] += rss
+                cpu = p.cpu_times()
+                self._cpu[p.pid, p.name()] = cpu.user + cpu.system
         for role, rss in now.items():
             self.roles[role] = max(self.roles[role], rss)
         self.processes = max(self.processes, len(procs))

@@ -266,6 +266,7 @@ def same_records(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) ->
 class Sealing:
     select_seconds: float
     job_seconds: float
+    job_cpu_seconds: float
     finish_seconds: float
     total_seconds: float
     files_after: int
@@ -338,6 +339,7 @@ def seal_date(
         Sealing(
             select_seconds=round(select_s, 3),
             job_seconds=round(job_s, 2),
+            job_cpu_seconds=round(peaks.cpu_seconds, 1),
             finish_seconds=round(finish_s, 3),
             total_seconds=round(select_s + job_s + finish_s, 2),
             files_after=len(after),
@@ -385,6 +387,7 @@ def plain_spark(
                 rounds_seconds=[round(seconds, 2)],
                 records_per_second=round(records / seconds),
                 peak_rss_mb=round(peaks.total / 2**20),
+                cpu_seconds=round(peaks.cpu_seconds, 1),
                 command=" ".join(shown),
             )
         )
@@ -687,6 +690,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
     for peer in peers:
         ratios[f"seal / {peer.name}"] = round(sealing.total_seconds / peer.seconds, 2)
         ratios[f"seal job / {peer.name}"] = round(sealing.job_seconds / peer.seconds, 2)
+        ratios[f"seal job CPU / {peer.name}"] = round(sealing.job_cpu_seconds / peer.cpu_seconds, 2)
     if scan is not None:
         for query in ("count", "group_by_action"):
             for source in ("sealed", "table"):
@@ -729,7 +733,7 @@ def print_result(r: Result) -> None:
             "seal",
             f"{s.total_seconds:.1f} s = select {s.select_seconds:.2f} + job {s.job_seconds:.1f} "
             f"(spark-submit to exit, {StackSettings().spark_master}) + finish_seal "
-            f"{s.finish_seconds:.2f}",
+            f"{s.finish_seconds:.2f}; the job's CPU {s.job_cpu_seconds:.0f} s",
         ),
         (
             "seal job tasks",
@@ -753,14 +757,16 @@ def print_result(r: Result) -> None:
         rows.append(
             (
                 peer.name,
-                f"{peer.seconds:.1f} s (spark-submit to exit), peak RSS {peer.peak_rss_mb:,} MB",
+                f"{peer.seconds:.1f} s (spark-submit to exit), CPU {peer.cpu_seconds:.0f} s, "
+                f"peak RSS {peer.peak_rss_mb:,} MB",
             )
         )
         rows.append(
             (
                 "  seal / it",
                 f"{r.ratios[f'seal / {peer.name}']:.2f}x "
-                f"(the job alone {r.ratios[f'seal job / {peer.name}']:.2f}x)",
+                f"(the job alone {r.ratios[f'seal job / {peer.name}']:.2f}x; its CPU "
+                f"{r.ratios[f'seal job CPU / {peer.name}']:.2f}x)",
             )
         )
     if r.scan is not None:
