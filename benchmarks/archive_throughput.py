@@ -162,6 +162,8 @@ class PeerRun:
     records_per_second: float
     peak_rss_mb: int
     command: str
+    cpu_seconds: float = 0
+    """Its process tree's CPU (`Peaks.cpu_seconds`), where measured."""
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -173,22 +175,28 @@ def event_lines(
     """Distinct JSON events like cairn_stack.demo.sample_events, ~300 bytes each, with event
     times spread over the `spread_hours` before `end` (a fixed instant by default)."""
     rng = random.Random(seed)
-    actions = ["view", "click", "add_to_cart", "purchase", "refund"]
     lines = []
     for i in range(count):
         ts = end - timedelta(milliseconds=rng.randrange(spread_hours * 3_600_000))
-        event = {
-            "event_id": f"evt-{i:09d}",
-            "user_id": f"user-{rng.randrange(100000):06d}",
-            "action": rng.choice(actions),
-            "amount": round(rng.uniform(0, 500), 2),
-            "ts": ts.isoformat(timespec="milliseconds"),
-            "page": f"/products/{rng.randrange(5000)}?ref=campaign-{rng.randrange(40)}"
-            "&utm_source=mail",
-            "agent": AGENT,
-        }
-        lines.append(json.dumps(event).encode())
+        lines.append(event_value(i, ts, rng))
     return lines
+
+
+ACTIONS = ["view", "click", "add_to_cart", "purchase", "refund"]
+
+
+def event_value(i: int, ts: datetime, rng: random.Random) -> bytes:
+    """One JSON event like cairn_stack.demo.sample_events (~300 bytes) that happened at `ts`."""
+    event = {
+        "event_id": f"evt-{i:09d}",
+        "user_id": f"user-{rng.randrange(100000):06d}",
+        "action": rng.choice(ACTIONS),
+        "amount": round(rng.uniform(0, 500), 2),
+        "ts": ts.isoformat(timespec="milliseconds"),
+        "page": f"/products/{rng.randrange(5000)}?ref=campaign-{rng.randrange(40)}&utm_source=mail",
+        "agent": AGENT,
+    }
+    return json.dumps(event).encode()
 
 
 def produce(bootstrap: str, topic: str, records: int, payload_file: Path, log: Path) -> float:
@@ -207,7 +215,7 @@ def produce(bootstrap: str, topic: str, records: int, payload_file: Path, log: P
     start = time.perf_counter()
     with (
         open(log, "w") as out,
-        _progress() as progress,
+        progress_bars() as progress,
         subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
     ):
         task = progress.add_task("producing (ProducerPerformance)", total=records)
@@ -253,6 +261,14 @@ class Peaks:
     job: Path = JOB
     """The Spark job's script: a Python process running it is the driver."""
     _cmdlines: dict[tuple[int, str], list[str]] = field(default_factory=dict)
+    _cpu: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    @property
+    def cpu_seconds(self) -> float:
+        """User and system CPU of every process of the trees, as last sampled: on a machine
+        others load too, less noisy than wall time (a process that lives less than a sample
+        is missed; Spark's Python workers are reused and live to the end)."""
+        return sum(self._cpu.values())
 
     def sample(self, root: psutil.Process, *others: psutil.Process) -> int:
         """Add one sample of the process trees of `root` and `others`; returns their RSS."""
@@ -268,6 +284,8 @@ class Peaks:
                 rss = p.memory_info().rss
                 role = _role(p, self._cmdlines, self.job)
                 now[role] += rss
+                cpu = p.cpu_times()
+                self._cpu[p.pid, p.name()] = cpu.user + cpu.system
         for role, rss in now.items():
             self.roles[role] = max(self.roles[role], rss)
         self.processes = max(self.processes, len(procs))
@@ -307,14 +325,26 @@ def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> archiv
 def spark_argv(planned: archive_run.Planned, topics: Path, driver_memory: str) -> list[str]:
     """The job's command line as the Airflow operator builds it: the topic and the key of the
     claim that holds the plan (Kafka's address goes by env)."""
+    job = ["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file", str(topics)]
+    return submit_argv(JOB, job, driver_memory)
+
+
+def submit_argv(script: Path, args: list[str], driver_memory: str, jars: bool = True) -> list[str]:
+    """spark-submit of `script` on the stack's master, with the stack's Spark jars (Kafka,
+    Avro, Iceberg, PostgreSQL) as the Airflow operator gives them."""
     stack = StackSettings()
-    jars = ",".join(sorted(str(p) for p in services.jars(stack, "spark").glob("*.jar")))
+    given = []
+    if jars:
+        given = [
+            "--jars",
+            ",".join(sorted(str(p) for p in services.jars(stack, "spark").glob("*.jar"))),
+        ]
     return [
         str(VENV_BIN / "spark-submit"),
-        *["--master", stack.spark_master, "--driver-memory", driver_memory, "--jars", jars],
+        *["--master", stack.spark_master, "--driver-memory", driver_memory, *given],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
-        str(JOB),
-        *["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file", str(topics)],
+        str(script),
+        *args,
     ]
 
 
@@ -327,9 +357,11 @@ def spark_submit(
     job: Path = JOB,
     label: str = "archiving (spark-submit)",
     also: tuple[psutil.Process, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[float, Peaks]:
-    """Run the job (`job`: its script, or the Spark Connect client that runs it); returns its
-    wall time and memory peaks. Fails loudly with the log's tail."""
+    """Run the job (`job`: its script, or the Spark Connect client that runs it), with `env`
+    added to its environment; returns its wall time and memory peaks. Fails loudly with the
+    log's tail."""
     env = {
         **os.environ,
         "CAIRN_BOOTSTRAP_SERVERS": bootstrap,
@@ -337,6 +369,7 @@ def spark_submit(
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "CAIRN_STORAGE_OPTIONS": "{}",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(env or {}),
     }
     return run_sampled(argv, log, timeout, label, env, Peaks(job=job), tasks, also)
 
@@ -390,7 +423,7 @@ def run_sampled(
     names: a Spark Connect server); returns its wall time and peaks. With `tasks`, progress
     counts the Spark tasks its log reports finished."""
     peaks = peaks or Peaks()
-    with open(log, "wb") as out, _progress() as progress:
+    with open(log, "wb") as out, progress_bars() as progress:
         task = progress.add_task(label, total=tasks)
         start = time.perf_counter()
         proc = subprocess.Popen(
@@ -727,7 +760,7 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GB RAM, {system}"
 
 
-def _progress() -> Progress:
+def progress_bars() -> Progress:
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),

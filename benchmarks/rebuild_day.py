@@ -33,7 +33,6 @@ from pathlib import Path
 
 import fastavro
 from archive_throughput import (
-    VENV_BIN,
     BenchError,
     JobRun,
     add_common_options,
@@ -48,6 +47,7 @@ from archive_throughput import (
     run_benchmark,
     spark_argv,
     spark_submit,
+    submit_argv,
     topics_file,
 )
 
@@ -179,13 +179,8 @@ def rebuild_argv(selection: rebuild.Selection, topics: Path, driver_memory: str)
     """The rebuild job's command line as the rebuild DAG builds it: the topic and the key of the
     claim that holds the selection (no Kafka: no jars)."""
     claim = selection.claim
-    return [
-        str(VENV_BIN / "spark-submit"),
-        *["--master", StackSettings().spark_master, "--driver-memory", driver_memory],
-        *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
-        str(REBUILD_JOB),
-        *["--topic", claim.topic, "--claim", claim.key, "--topics-file", str(topics)],
-    ]
+    job = ["--topic", claim.topic, "--claim", claim.key, "--topics-file", str(topics)]
+    return submit_argv(REBUILD_JOB, job, driver_memory, jars=False)
 
 
 def committed_backups(storage: Storage, topic: str, upto_seq: int) -> list[FileEntry]:
@@ -312,7 +307,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         records_per_second=round(in_day / spark_s),
         backup_records_per_second=round(read_records / spark_s),
         files_written=len(rebuilt.files),
-        files_removed=len(rebuilt.removed),
+        files_removed=len(token.replaces),
         files_in_day_before=len(before),
         check_seconds=round(check_s, 1),
         archive_seconds=round(archive_s, 1),

@@ -29,9 +29,11 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from archive_throughput import (
     SCHEMA,
@@ -68,7 +70,8 @@ def s3_requests(metrics_url: str) -> Counter:
 
 
 def private_s3(state_dir: Path, stack: ExitStack) -> tuple[dict, StackSettings]:
-    """A SeaweedFS on free ports with its metrics endpoint; fsspec options and its settings."""
+    """A SeaweedFS on free ports with its metrics endpoint, which `s3://` archive roots of its
+    connection id reach; returns fsspec options and its settings."""
     s3, master, volume, filer, metrics = free_port_block(5, step=2)
     settings = StackSettings(
         state_dir=state_dir,
@@ -82,10 +85,22 @@ def private_s3(state_dir: Path, stack: ExitStack) -> tuple[dict, StackSettings]:
     with console.status("starting a private SeaweedFS"):
         service.start(settings.start_timeout)
     stack.callback(service.stop)
+    # what an `s3://<conn id>@bucket/...` archive root resolves its endpoint and keys from
+    os.environ[f"AIRFLOW_CONN_{settings.s3_conn_id.upper()}"] = json.dumps(
+        {
+            "conn_type": "aws",
+            "login": settings.s3_access_key,
+            "password": settings.s3_secret_key,
+            "extra": {"endpoint_url": f"http://{settings.host}:{settings.s3_port}"},
+        }
+    )
     return services.s3_options(settings), settings
 
 
-def topic_config(path: Path, topic: str, root: str) -> TopicConfig:
+def topic_config(path: Path, topic: str, root: str, **more: object) -> TopicConfig:
+    """A topics file of one JSON topic with completeness (`lateness: 1h`); `more` adds
+    settings."""
+    lines = "".join(f"    {key}: {value}\n" for key, value in more.items())
     path.write_text(
         textwrap.dedent(f"""\
         topics:
@@ -96,6 +111,7 @@ def topic_config(path: Path, topic: str, root: str) -> TopicConfig:
             archive_root: {root}
             lateness: 1h
         """)
+        + lines
     )
     return find_topic(topic, path)
 
@@ -110,25 +126,33 @@ def produce_batch(producer: Producer, topic: str, n: int) -> None:
 
 
 def read_planned(kafka: KafkaConf, planned: archive_run.Planned) -> dict[int, list[KafkaRecord]]:
-    """The planned ranges, read as the Spark job's Kafka source reads them (read_committed)."""
+    """The planned ranges, read as the Spark job's Kafka source reads them (read_committed):
+    all partitions at once, in batches (a poll per record made seal_day.py's 1M-record history
+    take minutes)."""
     consumer = Consumer(
         kafka.client_config({"group.id": "bench", "isolation.level": "read_committed"})
     )
-    found: dict[int, list[KafkaRecord]] = {}
+    ranges = planned.plan.to_read
+    found: dict[int, list[KafkaRecord]] = {p: [] for p in ranges}
+    missing = {p: end - start for p, (start, end) in ranges.items()}
     try:
-        for p, (start, end) in planned.plan.to_read.items():
-            consumer.assign([TopicPartition(planned.topic, p, start)])
-            records: list[KafkaRecord] = []
-            while not records or records[-1].offset < end - 1:
-                msg = consumer.poll(10)
-                if msg is None:
-                    raise BenchError(f"partition {p}: no record at {start}..{end} in 10 s")
-                if msg.offset() < end:
-                    ts = msg.timestamp()[1]
-                    records.append(
-                        KafkaRecord(planned.topic, p, msg.offset(), ts, 0, msg.key(), msg.value())
+        consumer.assign([TopicPartition(planned.topic, p, s) for p, (s, _) in ranges.items()])
+        while any(missing.values()):
+            batch = consumer.consume(min(10_000, sum(missing.values())), 10)
+            if not batch:
+                raise BenchError(f"no more records in 10 s; still to read: {missing}")
+            for msg in batch:
+                if msg.error() is not None:
+                    raise BenchError(f"partition {msg.partition()}: {msg.error()}")
+                p, offset = msg.partition(), msg.offset()
+                if offset < ranges[p][1]:
+                    found[p].append(
+                        KafkaRecord(
+                            planned.topic, p, offset, msg.timestamp()[1], 0, msg.key(), msg.value()
+                        )
                     )
-            found[p] = records
+                    # offsets a transaction's markers take are never delivered
+                    missing[p] = ranges[p][1] - offset - 1
     finally:
         consumer.close()
     return found
@@ -151,30 +175,52 @@ def history_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf) -> None:
     completeness.complete_run(cfg, storage, kafka, planned.run_id)
 
 
-def measured_run(cfg, storage, kafka, spark, options, metrics_url) -> dict[str, Counter]:
-    """One run as the archive DAG drives it; the S3 requests of each step."""
+Step = Callable[[str, Callable[[], Any]], Any]
+"""Runs one named step of a run: `step(name, do)` returns `do()`."""
+
+
+def counting(metrics_url: str) -> tuple[Step, dict[str, Counter]]:
+    """A `Step` that also records the S3 requests SeaweedFS answered during each step."""
+    counts: dict[str, Counter] = {}
+
+    def step(name: str, do: Callable[[], Any]) -> Any:
+        before = s3_requests(metrics_url)
+        out = do()
+        counts[name] = s3_requests(metrics_url) - before
+        return out
+
+    return step, counts
+
+
+def spark_run(
+    cfg: TopicConfig,
+    storage: Storage,
+    kafka: KafkaConf,
+    spark,
+    options: dict,
+    step: Step = lambda _, do: do(),
+) -> archive_run.Summary | None:
+    """One run as the archive DAG drives it — plan, clean, the real Spark archive job on
+    `spark`, verify, commit, complete — each through `step`; None if there was nothing to read."""
     sys.path.insert(0, str(REPO))  # the Spark job's module, as the tests import it
     from spark_jobs.archive import archive
 
-    counts: dict[str, Counter] = {}
-    planned = None
-
-    def step(name: str, do) -> None:
-        before = s3_requests(metrics_url)
-        do()
-        counts[name] = s3_requests(metrics_url) - before
-
-    def plan() -> None:
-        nonlocal planned
-        planned = archive_run.plan_run(cfg, storage, kafka, f"measured-{uuid.uuid4().hex[:6]}")
-
-    report = []
-    step("plan", plan)
+    run_id = f"measured-{uuid.uuid4().hex[:6]}"
+    planned = step("plan", lambda: archive_run.plan_run(cfg, storage, kafka, run_id))
+    if planned is None:
+        return None
     step("clean", lambda: archive_run.clean_run(storage, planned))
     step("spark job", lambda: archive(spark, planned, cfg, kafka, options))
-    step("verify", lambda: report.append(archive_run.verify_run(storage, planned)))
-    step("commit", lambda: archive_run.commit_run(cfg, storage, planned, report[0], kafka))
+    report = step("verify", lambda: archive_run.verify_run(storage, planned))
+    done = step("commit", lambda: archive_run.commit_run(cfg, storage, planned, report, kafka))
     step("complete", lambda: completeness.complete_run(cfg, storage, kafka, planned.run_id))
+    return done
+
+
+def measured_run(cfg, storage, kafka, spark, options, metrics_url) -> dict[str, Counter]:
+    """One run as the archive DAG drives it; the S3 requests of each step."""
+    step, counts = counting(metrics_url)
+    spark_run(cfg, storage, kafka, spark, options, step)
     return counts
 
 
@@ -186,14 +232,6 @@ def benchmark(args: argparse.Namespace, work: Path) -> dict:
     with ExitStack() as stack:
         bootstrap = stack.enter_context(private_kafka(work / "kafka"))
         options, s3 = private_s3(work / "seaweedfs", stack)
-        os.environ[f"AIRFLOW_CONN_{s3.s3_conn_id.upper()}"] = json.dumps(
-            {
-                "conn_type": "aws",
-                "login": s3.s3_access_key,
-                "password": s3.s3_secret_key,
-                "extra": {"endpoint_url": f"http://{s3.host}:{s3.s3_port}"},
-            }
-        )
         metrics_url = f"http://{s3.host}:{s3.seaweed_metrics_port}/metrics"
         topic = f"bench.requests-{uuid.uuid4().hex[:6]}"
         create_topic(bootstrap, topic, partitions=PARTITIONS)
