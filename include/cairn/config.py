@@ -510,27 +510,31 @@ def _load_file(path: Path) -> tuple[list[_Entry], list[TopicConfigError]]:
         defaults = {}
     items = doc.get("topics") or []
     if not isinstance(items, list):
-        errors.append(error("file", "topics", "must be a list of entries", None))
+        line = yaml_lines.line(root, "topics")
+        errors.append(error("file", "topics", "must be a list of entries", line))
         items = []
 
     entries = []
     nodes = yaml_lines.child(root, "topics")
     for index, item in enumerate(items):
         label, node = _label(item, index), yaml_lines.child(nodes, index)
-
-        def line(field: str, node: Node | None = node) -> int | None:
-            first = field.split(".")[0]
-            own = yaml_lines.child(node, first) is not None
-            from_defaults = not own and yaml_lines.child(defaults_node, first) is not None
-            return yaml_lines.line(defaults_node if from_defaults else node, field)
-
-        cfg, wrong = _entry_errors(item, defaults, path)
-        errors += [error(label, field, message, line(field)) for field, message in wrong]
-        entries.append(_Entry(label, path, line(""), cfg))
+        cfg, wrong = _check_entry(item, defaults, path)
+        errors += [
+            error(label, field, message, _field_line(node, defaults_node, field))
+            for field, message in wrong
+        ]
+        entries.append(_Entry(label, path, yaml_lines.line(node, ""), cfg))
     return entries, errors
 
 
-def _entry_errors(
+def _field_line(entry: Node | None, defaults: Node | None, field: str) -> int | None:
+    """The line of `field` in the entry, or in `defaults` when only they set it."""
+    first = field.split(".")[0]
+    from_defaults = yaml_lines.child(entry, first) is None and yaml_lines.child(defaults, first)
+    return yaml_lines.line(defaults if from_defaults else entry, field)
+
+
+def _check_entry(
     item: object, defaults: dict, path: Path
 ) -> tuple[TopicConfig | None, list[tuple[str, str]]]:
     """The entry's config, or the (field, message) pairs that are wrong with it."""

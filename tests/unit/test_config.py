@@ -491,3 +491,23 @@ def test_a_missing_topics_path_is_a_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError) as raised:
         load_topics(tmp_path / "nope.yaml")
     assert raised.value.filename == str(tmp_path / "nope.yaml")
+
+
+def test_a_bad_value_from_defaults_is_named_at_its_line_in_defaults(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        defaults:
+          schedule: every minute
+        topics:
+          - topic: a
+            format: raw
+          - topic: b
+            format: raw
+            schedule: "@hourly"
+        """,
+    )
+    result = load_topics(path)
+    assert [t.topic for t in result.topics] == ["b"]
+    (error,) = result.errors
+    assert (error.entry, error.field, error.line) == ("topic 'a'", "schedule", 3)
