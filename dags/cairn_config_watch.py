@@ -1,6 +1,6 @@
 """`cairn_config_watch`: every five minutes, check the topics files and alert on a mistake.
 
-Its one task, `check_config` (`cairn_notifier.check_config`), fails while a topics file has a
+Its one task, `check` (`cairn_notifier.check_config`), fails while a topics file has a
 mistake, naming file, line, entry and field, and calls the configured notifier when the mistakes
 change. The Airflow UI shows the same mistakes as the import error of `cairn_config_check.py`.
 """
