@@ -1,8 +1,10 @@
-"""Shows mistakes in include/topics.yaml in the Airflow UI as a DAG import error.
+"""Shows mistakes in the topics files as a DAG import error in the Airflow UI.
 
-Each error names the entry (topic or pattern) and the field. The archive DAGs are built in
-another file from the valid entries only, so one bad entry never takes the other topics' DAGs
-down. This file defines no DAG; it fails to import exactly when the topics file has errors.
+Each error names the file, line, entry (topic or pattern) and field. Airflow records import
+errors per DAG file, and a DAG file that raises loses all its DAGs (there is no API to report an
+error and keep the DAGs, apache/airflow#55475), so the files that build DAGs build them from the
+valid entries and never raise; this file defines no DAG and fails to import exactly when the
+topics files have errors. `cairn_config_watch` alerts on the same errors.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from cairn.config import TOPICS_FILE, load_topics
 _errors = load_topics(TOPICS_FILE).errors
 if _errors:
     raise ValueError(
-        f"{TOPICS_FILE} has {len(_errors)} error(s); the archive DAGs of these entries are "
-        "not loaded:\n" + "\n".join(f"  - {error}" for error in _errors)
+        f"{TOPICS_FILE} has {len(_errors)} error(s); the topics these describe are not "
+        "loaded (their archives are untouched, and resume once fixed):\n"
+        + "\n".join(f"  - {error}" for error in _errors)
     )

@@ -12,7 +12,7 @@ import json
 import yaml
 from airflow.sdk import Variable, get_parsing_context
 
-from cairn.config import TOPICS_FILE, TopicConfig, load_topics, resolve
+from cairn.config import TOPICS_FILE, LoadResult, TopicConfig, load_topics, resolve
 from cairn.dag_ids import Kind, dag_id
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
@@ -22,14 +22,19 @@ DISCOVERY_DELAY = "5 minutes"
 """How long a new topic that matches a pattern entry may wait for discovery (its schedule)."""
 
 
+def topics_loaded() -> LoadResult:
+    """The topics file (or folder of them) as it reads now: valid entries, errors, files."""
+    return load_topics(TOPICS_FILE)
+
+
 def patterns() -> list[str]:
     """The pattern entries of the topics file (they wait for discovery; exact entries do not)."""
-    return [e.pattern for e in load_topics(TOPICS_FILE).topics if e.pattern]
+    return [e.pattern for e in topics_loaded().topics if e.pattern]
 
 
 def pattern_topics(kafka_topic_names: list[str]) -> list[str]:
     """The topics that pattern entries, and no exact entry, give DAGs among these names."""
-    entries = load_topics(TOPICS_FILE).topics
+    entries = topics_loaded().topics
     exact = {e.topic for e in entries if e.topic}
     return [c.topic for c in resolve(entries, kafka_topic_names) if c.topic not in exact]
 
@@ -37,7 +42,7 @@ def pattern_topics(kafka_topic_names: list[str]) -> list[str]:
 def configured_topics() -> list[TopicConfig]:
     """The topics to build DAGs for: exact entries, and pattern entries matched against the
     topic names `cairn_discover_topics` cached (never a Kafka call while parsing DAG files)."""
-    entries = load_topics(TOPICS_FILE).topics
+    entries = topics_loaded().topics
     known = []
     if any(entry.pattern for entry in entries):
         known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))

@@ -1,28 +1,33 @@
-"""When a topic needs a person: the configured notifier, the run deadline and the health check.
+"""When a topic needs a person: the configured notifier, the run deadline, the health check and
+the config check.
 
-Three things call the notifier (`CAIRN_NOTIFIER`, README "Alerts"): an archive task that failed
+Four things call the notifier (`CAIRN_NOTIFIER`, README "Alerts"): an archive task that failed
 for good, an archive run still unfinished `max_run_duration` after it was queued (an Airflow
-Deadline Alert), and the `check_health` task, which fails when the topic is past one of its
-limits (`cairn.views.alerts`).
+Deadline Alert), the `check_health` task, which fails when the topic is past one of its
+limits (`cairn.views.alerts`), and `check_config`, when the topics files gain a mistake.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
-from airflow.sdk import DeadlineAlert, DeadlineReference, SyncCallback
+from airflow.sdk import DeadlineAlert, DeadlineReference, SyncCallback, Variable
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk.module_loading import import_string
 
 from cairn.config import TopicConfig
 from cairn.views import alerts, status
 from cairn_connections import storage
+from cairn_dags import topics_loaded
 
 log = logging.getLogger(__name__)
 
+CONFIG_ERRORS_VARIABLE = "cairn_config_errors"
+"""Airflow Variable holding the topics files' errors the notifier was last told of (JSON)."""
 NOTIFIER_ENV = "CAIRN_NOTIFIER"
 """Import path (`package.module.name`) of what Cairn calls when a topic needs a person: an
 Airflow notifier instance (e.g. a `SlackNotifier(...)` made in a module of yours) or any
@@ -71,3 +76,22 @@ def check_health(cfg: TopicConfig) -> list[str]:
         f"topic {cfg.topic!r}: within max_time_lag {cfg.max_time_lag} and "
         f"max_quarantine_ratio {cfg.max_quarantine_ratio:g}"
     ]
+
+
+def check_config(context: dict) -> list[str]:
+    """Fail the task while the topics files have mistakes, naming each (file, line, entry,
+    field); call the notifier when they change, not at every check, so a mistake left for a
+    day is one alert. Fixed, the task passes and the next mistake alerts again."""
+    found = [str(e) for e in topics_loaded().errors]
+    if found != json.loads(Variable.get(CONFIG_ERRORS_VARIABLE, default="[]")):
+        Variable.set(CONFIG_ERRORS_VARIABLE, json.dumps(found))
+        if found:
+            reason = f"topics files: {len(found)} mistake(s), not archived until fixed: " + (
+                "; ".join(found)
+            )
+            log.error(reason)
+            for callback in notifier():
+                callback({**context, "reason": reason})
+    if found:
+        raise AirflowFailException("\n".join(found))
+    return ["the topics files have no mistakes"]

@@ -1,10 +1,12 @@
 """Cairn's pages in the Airflow UI and its Prometheus endpoint: a FastAPI app the api-server
 mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
 
-- `/cairn/` lists every configured topic (`/cairn` redirects there); `/cairn/topics/<topic>`
-  shows one. Both render server-side HTML from `cairn.views.overview` (the archive's own
+- `/cairn/` lists every configured topic (`/cairn` redirects there), and every mistake in the
+  topics files (file, line, entry, field) as a misconfigured topic; `/cairn/topics/<topic>`
+  shows one topic. Both render server-side HTML from `cairn.views.overview` (the archive's own
   records) plus the Airflow runs' states; nothing runs in the browser.
-- `/cairn/metrics` serves `cairn.views.metrics.samples` of every topic in Prometheus' text format.
+- `/cairn/metrics` serves `cairn.views.metrics.samples` of every topic, and the mistakes per
+  topics file (`cairn_config_errors{file=...}`), in Prometheus' text format.
 
 Access (nothing is served without it):
 - pages: the UI's login, as Airflow's own API checks it (`get_user`: the `_token` cookie the UI
@@ -44,7 +46,7 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.views import metrics, overview, prometheus, status
 from cairn_connections import storage
-from cairn_dags import DISCOVERY_DELAY, configured_topics, patterns, topic_yaml
+from cairn_dags import DISCOVERY_DELAY, configured_topics, patterns, topic_yaml, topics_loaded
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,7 @@ def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
     return render(
         "index.html",
         rows=rows,
+        misconfigured=topics_loaded().errors,
         now=datetime.now(UTC),
         patterns=patterns(),
         discovery_delay=DISCOVERY_DELAY,
@@ -151,7 +154,7 @@ def topic_page(topic: str, user: Annotated[BaseUser, Depends(page_user)]) -> HTM
 
 @app.get("/metrics")
 def prometheus_metrics(reader: Annotated[BaseUser | None, Depends(metrics_reader)]) -> Response:
-    found = []
+    found = metrics.config_samples(topics_loaded())
     for cfg in readable_topics(reader):
         try:
             found += metrics.samples(status.topic_status(storage(cfg), cfg.topic))

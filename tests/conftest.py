@@ -227,9 +227,10 @@ def airflow(
 ) -> Iterator[AirflowAPI]:
     """Airflow 3 (api-server, scheduler, dag-processor, on the session's PostgreSQL) whose Spark
     connection is the stack's: a `spark_connect` one to the Spark Connect server, archiving the
-    E2E topics (e2e_topics) to S3."""
-    topics = tmp_path_factory.mktemp("airflow-topics") / "topics.yaml"
-    topics.write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
+    E2E topics (e2e_topics, the file e2e.yaml of its topics folder) to S3."""
+    topics = tmp_path_factory.mktemp("airflow-topics") / "topics.d"
+    topics.mkdir()
+    (topics / "e2e.yaml").write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
     settings = stack_settings.model_copy(
         update={
             "topics_file": topics,

@@ -1,12 +1,15 @@
-"""Topic configuration: `include/topics.yaml`, validated entry by entry with pydantic.
+"""Topic configuration: `include/topics.yaml`, or a folder of topics files (`topics.d/*.yaml`,
+one per team or topic), validated entry by entry with pydantic.
 
-A bad entry is reported (entry, field, message) and skipped; the good ones still load, so one typo
-does not take every topic's DAG down. Pattern entries become concrete topics only in `resolve`,
-against the topic names Kafka reports.
+A mistake is reported (file, line, entry, field, message) and stops only what it describes: a
+bad entry is skipped, a file that is not YAML loses its own entries, and the other topics still
+load, so one typo does not take every topic's DAG down. Pattern entries become concrete topics
+only in `resolve`, against the topic names Kafka reports.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -31,7 +34,9 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from yaml.nodes import Node
 
+from cairn import yaml_lines
 from cairn.dag_ids import check_dag_topic
 from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
@@ -43,7 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
 DEFAULT_ARCHIVE_ROOT = (REPO / ".cairn" / "archive").as_uri()
 TOPICS_FILE = Path(os.environ.get("CAIRN_TOPICS_FILE", INCLUDE_DIR / "topics.yaml"))
-"""The topics file the DAGs and the Spark job read; `CAIRN_TOPICS_FILE` overrides it."""
+"""The topics file, or folder of topics files, that the DAGs and the Spark job read;
+`CAIRN_TOPICS_FILE` overrides it (a file or a folder, whichever it names)."""
 
 # Airflow's presets; anything else must be a five-field cron expression.
 SCHEDULE_PRESETS = {
@@ -393,84 +399,157 @@ class TopicConfig(BaseModel):
 
 @dataclass(frozen=True)
 class TopicConfigError:
+    """One mistake in a topics file, located so it can be fixed there."""
+
     entry: str  # "topic 'x'", "pattern 'y'", "entry #3", "defaults" or "file"
     field: str  # dotted field path, "" when the entry as a whole is wrong
     message: str
+    file: str = ""  # the topics file it is in
+    line: int | None = None  # 1-based, in that file
 
     def __str__(self) -> str:
-        where = f"{self.entry}: {self.field}" if self.field else self.entry
-        return f"{where}: {self.message}"
-
-
-class TopicsFileError(ValueError):
-    """The topics file is not YAML: names the file, line and column, so it can be fixed there."""
-
-    def __init__(self, path: Path, err: yaml.YAMLError) -> None:
-        mark = getattr(err, "problem_mark", None)
-        where = "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(err, "problem", None) or str(err)
-        super().__init__(f"{path}{where}: not valid YAML: {problem}; fix the file there")
+        place = self.file + (f", line {self.line}" if self.line else "")
+        entry = "" if self.entry == "file" else self.entry
+        return ": ".join(p for p in (place, entry, self.field, self.message) if p)
 
 
 @dataclass
 class LoadResult:
     topics: list[TopicConfig]
     errors: list[TopicConfigError]
+    files: list[Path]
+    """Every topics file read, broken ones included (a clean file reports zero errors)."""
+
+
+class _Entry(NamedTuple):
+    """One `topics` entry as written: its label, where it is, and its config if it is valid."""
+
+    label: str
+    file: Path
+    line: int | None
+    cfg: TopicConfig | None
+
+
+def topic_files(path: Path) -> list[Path]:
+    """The files `path` names: itself, or a folder's `*.yaml`/`*.yml` files (not hidden, not in
+    subfolders) in name order, the conf.d convention."""
+    if path.is_dir():
+        return sorted(
+            p
+            for p in path.iterdir()
+            if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
+        )
+    if not path.exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return [path]
 
 
 def load_topics(path: str | Path) -> LoadResult:
-    """Load every valid entry of a topics file; collect what is wrong with the others.
+    """Load every valid entry of a topics file, or of every topics file in a folder; collect
+    what is wrong with the others, each error with its file and line.
 
-    `defaults` are merged into each entry shallowly (an entry's `event_time` replaces the
-    default's whole). Each entry's format then checks it (`cairn.formats`), reading its schemas
-    now so a missing or clashing .avsc is an entry error here, not a failed run later. A file
-    that is not YAML at all raises TopicsFileError.
+    A mistake stops only what it describes: a file that is not YAML loses its own entries, a
+    bad entry only itself. A topic (or pattern) written twice, in one file or two, loads from
+    neither place: file order is an accident, and letting one copy win would let a new file
+    quietly change where and how an archived topic is written; stopped, it is reported and its
+    archive waits untouched until one copy is removed.
     """
-    path = Path(path)
+    files = topic_files(Path(path))
+    entries: list[_Entry] = []
+    errors: list[TopicConfigError] = []
+    for file in files:
+        found, wrong = _load_file(file)
+        entries += found
+        errors += wrong
+    places: dict[str, list[_Entry]] = {}
+    for entry in entries:
+        if not entry.label.startswith("entry #"):
+            places.setdefault(entry.label, []).append(entry)
+    topics = []
+    for entry in entries:
+        others = [o for o in places.get(entry.label, []) if o is not entry]
+        if others:
+            where = "; ".join(f"{o.file}, line {o.line}" for o in others)
+            message = f"also defined at {where}; neither is loaded until one is removed"
+            errors.append(TopicConfigError(entry.label, "", message, str(entry.file), entry.line))
+        elif entry.cfg is not None:
+            topics.append(entry.cfg)
+    errors.sort(key=lambda e: (e.file, e.line or 0))
+    return LoadResult(topics, errors, files)
+
+
+def _load_file(path: Path) -> tuple[list[_Entry], list[TopicConfigError]]:
+    """One file's entries and errors. `defaults` are merged into each entry shallowly (an
+    entry's `event_time` replaces the default's whole). Each entry's format then checks it
+    (`cairn.formats`), reading its schemas now so a missing or clashing .avsc is an entry error
+    here, not a failed run later."""
+
+    def error(entry: str, field: str, message: str, line: int | None) -> TopicConfigError:
+        return TopicConfigError(entry, field, message, str(path), line)
+
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+        doc, root = yaml.safe_load(text) or {}, yaml_lines.compose(text)
     except yaml.YAMLError as err:
-        raise TopicsFileError(path, err) from None
+        line, message = yaml_lines.error_line(err)
+        return [], [error("file", "", f"{message}; fix the file there", line)]
+    except (OSError, UnicodeDecodeError) as err:
+        return [], [error("file", "", f"cannot be read: {err}", None)]
     if not isinstance(doc, dict):
-        return LoadResult([], [TopicConfigError("file", "", f"{path}: expected a mapping")])
+        return [], [error("file", "", "expected a mapping of 'defaults' and 'topics'", 1)]
+    unknown = "unknown top-level key; expected 'defaults' and 'topics'"
     errors = [
-        TopicConfigError("file", key, "unknown top-level key; expected 'defaults' and 'topics'")
+        error("file", str(key), unknown, yaml_lines.line(root, str(key)))
         for key in doc
         if key not in ("defaults", "topics")
     ]
-    defaults = doc.get("defaults") or {}
+    defaults, defaults_node = doc.get("defaults") or {}, yaml_lines.child(root, "defaults")
     if not isinstance(defaults, dict) or {"topic", "pattern"} & set(defaults):
-        errors.append(TopicConfigError("defaults", "", "must be a mapping without topic/pattern"))
+        line = yaml_lines.line(root, "defaults")
+        errors.append(error("defaults", "", "must be a mapping without topic/pattern", line))
         defaults = {}
-    entries = doc.get("topics") or []
-    if not isinstance(entries, list):
-        errors.append(TopicConfigError("file", "topics", "must be a list of entries"))
-        entries = []
+    items = doc.get("topics") or []
+    if not isinstance(items, list):
+        line = yaml_lines.line(root, "topics")
+        errors.append(error("file", "topics", "must be a list of entries", line))
+        items = []
 
-    topics: list[TopicConfig] = []
-    seen: set[str] = set()
-    for index, entry in enumerate(entries):
-        label = _label(entry, index)
-        if not isinstance(entry, dict):
-            errors.append(TopicConfigError(label, "", "entry must be a mapping"))
-            continue
-        try:
-            cfg = TopicConfig.model_validate({**defaults, **entry})
-        except ValidationError as err:
-            errors.extend(_errors(label, err))
-            continue
-        if cfg.label in seen:
-            errors.append(TopicConfigError(label, "", "listed more than once"))
-            continue
-        cfg._base_dir = path.resolve().parent
-        try:
-            FORMATS[cfg.format].check(cfg)
-        except FieldError as err:
-            errors.append(TopicConfigError(label, err.field, str(err)))
-            continue
-        seen.add(cfg.label)
-        topics.append(cfg)
-    return LoadResult(topics, errors)
+    entries = []
+    nodes = yaml_lines.child(root, "topics")
+    for index, item in enumerate(items):
+        label, node = _label(item, index), yaml_lines.child(nodes, index)
+        cfg, wrong = _check_entry(item, defaults, path)
+        errors += [
+            error(label, field, message, _field_line(node, defaults_node, field))
+            for field, message in wrong
+        ]
+        entries.append(_Entry(label, path, yaml_lines.line(node, ""), cfg))
+    return entries, errors
+
+
+def _field_line(entry: Node | None, defaults: Node | None, field: str) -> int | None:
+    """The line of `field` in the entry, or in `defaults` when only they set it."""
+    first = field.split(".")[0]
+    from_defaults = yaml_lines.child(entry, first) is None and yaml_lines.child(defaults, first)
+    return yaml_lines.line(defaults if from_defaults else entry, field)
+
+
+def _check_entry(
+    item: object, defaults: dict, path: Path
+) -> tuple[TopicConfig | None, list[tuple[str, str]]]:
+    """The entry's config, or the (field, message) pairs that are wrong with it."""
+    if not isinstance(item, dict):
+        return None, [("", "entry must be a mapping")]
+    try:
+        cfg = TopicConfig.model_validate({**defaults, **item})
+    except ValidationError as err:
+        return None, _errors(err)
+    cfg._base_dir = path.resolve().parent
+    try:
+        FORMATS[cfg.format].check(cfg)
+    except FieldError as err:
+        return None, [(err.field, str(err))]
+    return cfg, []
 
 
 def resolve(entries: list[TopicConfig], kafka_topic_names: list[str]) -> list[TopicConfig]:
@@ -496,16 +575,15 @@ def _label(entry: object, index: int) -> str:
     return f"entry #{index + 1}"
 
 
-def _errors(label: str, err: ValidationError) -> list[TopicConfigError]:
+def _errors(err: ValidationError) -> list[tuple[str, str]]:
     found = []
     for detail in err.errors(include_url=False):
         cause = (detail.get("ctx") or {}).get("error")
         if isinstance(cause, FieldError):
-            found.append(TopicConfigError(label, cause.field, str(cause)))
+            found.append((cause.field, str(cause)))
             continue
         field = ".".join(str(p) for p in detail["loc"])
-        message = str(cause) if isinstance(cause, ValueError) else detail["msg"]
-        found.append(TopicConfigError(label, field, message))
+        found.append((field, str(cause) if isinstance(cause, ValueError) else detail["msg"]))
     return found
 
 
@@ -518,7 +596,7 @@ def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
             return cfg
     own = [e for e in loaded.errors if e.entry == f"topic {topic!r}"]
     if own:
-        raise LookupError(f"{path}: {'; '.join(map(str, own))}; fix the entry")
+        raise LookupError(f"{'; '.join(map(str, own))}; fix the entry")
     problems = [str(e) for e in loaded.errors]
-    detail = f"; the file has errors: {'; '.join(problems)}" if problems else ""
+    detail = f"; the topics files have errors: {'; '.join(problems)}" if problems else ""
     raise LookupError(f"topic {topic!r} is not configured in {path}{detail}")

@@ -105,6 +105,8 @@ class StackSettings(BaseSettings):
     """The type of Airflow's Spark connection: `spark_connect` runs jobs on the Spark Connect
     server; `spark` spark-submits each run to `spark_master` (a JVM per run, as before)."""
     topics_file: Path = REPO / "include" / "topics.yaml"
+    """The topics file, or a folder of topics files (`topics.d/*.yaml`), that Airflow reads
+    (`CAIRN_TOPICS_FILE`)."""
     extra_dag_folders: list[Path] = []
     """More DAG folders (each its own Airflow DAG bundle) beside dags/: the tests' examples."""
     notifier: str = "cairn_stack.notify.record"

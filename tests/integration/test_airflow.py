@@ -105,7 +105,9 @@ def test_rebuild_dag_fixes_a_parser_bug_when_its_runs_are_cleared(
     assert sorted(r["logical_date"][:10] for r in runs) == ["2024-05-01", "2024-05-02"]
     assert folders_of(read_archive(storage, E2E_FIXED)) != expected_folders(times)
 
-    airflow.settings.topics_file.write_text(e2e_topics(stack_settings, fixed_field="ts"))
+    (airflow.settings.topics_file / "e2e.yaml").write_text(
+        e2e_topics(stack_settings, fixed_field="ts")
+    )
     for r in runs:
         airflow.clear(dag_id, r["dag_run_id"])
     rerun = airflow.wait_for_runs(dag_id, timeout=900)

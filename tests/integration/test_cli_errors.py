@@ -98,7 +98,9 @@ def test_unreachable_kafka_is_one_line_within_the_timeout(tmp_path) -> None:
     assert "Connection refused" in err  # librdkafka's log, shown when debugging
 
 
-def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path) -> None:
+def test_a_yaml_syntax_error_names_file_line_and_column_and_other_files_still_show(
+    tmp_path,
+) -> None:
     topics = topics_file(
         tmp_path,
         """
@@ -108,11 +110,19 @@ def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path) -> None:
            schedule: "@hourly"
         """,
     )
-    code, out, err = cli(topics, "status")
-    assert (code, out) == (2, "")
+    folder = tmp_path / "topics.d"
+    folder.mkdir()
+    topics.rename(folder / "broken.yaml")
+    (folder / "fine.yaml").write_text(
+        f"topics:\n  - topic: fine\n    format: raw\n"
+        f"    archive_root: {(tmp_path / 'archive').as_uri()}\n"
+    )
+    code, out, err = cli(folder, "status")
+    assert code == 2
+    assert "fine" in out
     assert err == (
-        f"error: {topics}, line 5, column 4: not valid YAML: expected <block end>, but found "
-        "'<block mapping start>'; fix the file there\n"
+        f"misconfigured: {folder / 'broken.yaml'}, line 5: not valid YAML at column 4: expected "
+        "<block end>, but found '<block mapping start>'; fix the file there\n"
     )
 
 
@@ -129,7 +139,7 @@ def test_an_invalid_entry_names_file_topic_and_field(tmp_path) -> None:
     code, out, err = cli(topics, "tokens", "list", "t")
     assert (code, out) == (2, "")
     assert err == (
-        f"error: {topics}: topic 't': new_partition_start: Input should be 'earliest' or "
+        f"error: {topics}, line 5: topic 't': new_partition_start: Input should be 'earliest' or "
         "'latest'; fix the entry\n"
     )
 
@@ -178,7 +188,8 @@ def test_status_shows_the_topics_it_can_and_one_line_for_each_it_cannot(tmp_path
     assert code == 2
     assert "fine" in out and "lake" not in out
     assert err.splitlines() == [
-        "skipped topic 'broken': codec: Input should be 'deflate', 'snappy', 'zstandard' or 'null'",
+        f"misconfigured: {topics}, line 11: topic 'broken': codec: Input should be 'deflate', "
+        "'snappy', 'zstandard' or 'null'",
         "topic lake: error: no AWS credentials for archive root s3://lake@cairn-bucket/kafka: "
         "export the Airflow connection 'lake' as AIRFLOW_CONN_LAKE (JSON: login, password, "
         "extra), or set AWS_ACCESS_KEY_ID or AWS_PROFILE",

@@ -1,5 +1,5 @@
-"""Every DAG file imports into Airflow, and a bad topic entry is an import error that names the
-topic and the field without stopping the other topics' DAGs."""
+"""Every DAG file imports into Airflow, and a bad topic entry or a topics file that is not YAML is
+an import error that names file, line, topic and field without stopping the other topics' DAGs."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def parse_dags(tmp_path: Path, topics_file: Path, **extra_env: str) -> dict:
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "PYTHONPATH": str(REPO / "plugins"),
+        "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
         "CAIRN_TOPICS_FILE": str(topics_file),
     }
     done = subprocess.run(
@@ -70,6 +70,7 @@ def test_every_dag_file_imports_without_errors(tmp_path: Path) -> None:
     assert archive["max_active_runs"] == 1
     assert archive["catchup"] is False
     assert "cairn_discover_topics" in parsed["dags"]
+    assert parsed["dags"]["cairn_config_watch"]["tasks"] == ["check"]
     rebuild = parsed["dags"]["rebuild__cairn.demo.events"]
     assert rebuild["tasks"] == ["announce", "commit", "complete", "rebuild", "select"]
     assert rebuild["max_active_runs"] == 1 and rebuild["catchup"] is False
@@ -99,8 +100,28 @@ def test_bad_topic_entry_is_an_import_error_and_good_ones_still_load(tmp_path: P
     assert "rebuild__good.orders" not in parsed["dags"]  # raw: nothing to re-derive
     assert not any("broken" in dag_id for dag_id in parsed["dags"])
     (message,) = [m for f, m in parsed["errors"].items() if f.endswith("cairn_config_check.py")]
-    assert "broken.payments" in message
-    assert "event_time.encoding" in message
+    assert f"{topics}, line 8: topic 'broken.payments': event_time.encoding: Input" in message
+    assert [Path(f).name for f in parsed["errors"]] == ["cairn_config_check.py"]
+
+
+def test_a_topics_file_that_is_not_yaml_stops_only_its_own_topics(tmp_path: Path) -> None:
+    folder = tmp_path / "topics.d"
+    folder.mkdir()
+    (folder / "orders.yaml").write_text("topics:\n  - topic: good.orders\n    format: raw\n")
+    (folder / "payments.yaml").write_text(
+        "topics:\n  - topic: broken.payments\n    format: raw\n   seal: false\n"
+    )
+    (folder / "clicks.yaml").write_text(
+        "topics:\n  - topic: good.orders\n    format: raw\n  - topic: clicks\n    format: raw\n"
+    )
+    parsed = parse_dags(tmp_path, folder)
+
+    archives = sorted(d for d in parsed["dags"] if d.startswith("archive__"))
+    assert archives == ["archive__clicks"]  # good.orders is in two files: in neither
+    assert [Path(f).name for f in parsed["errors"]] == ["cairn_config_check.py"]
+    (message,) = parsed["errors"].values()
+    assert f"{folder / 'payments.yaml'}, line 4: not valid YAML at column 4" in message
+    assert f"{folder / 'clicks.yaml'}, line 2: topic 'good.orders': also defined at" in message
 
 
 def test_pattern_entries_use_the_cached_topic_list(tmp_path: Path) -> None:
@@ -145,7 +166,7 @@ def test_airflow_weighs_the_archive_task_by_the_lag_its_topic_recorded(tmp_path:
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "PYTHONPATH": str(REPO / "plugins"),
+        "PYTHONPATH": f"{REPO / 'include'}{os.pathsep}{REPO / 'plugins'}",
         "CAIRN_TOPICS_FILE": str(topics),
     }
     airflow = Path(sys.executable).parent / "airflow"

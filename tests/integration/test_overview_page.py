@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -154,3 +155,71 @@ def test_overview_in_chromium(airflow, archived, tmp_path) -> None:
         assert E2E_OVERVIEW in browser.wait_for(embedded, timeout=90)
         browser.screenshot(OUTPUT / "airflow_ui.png", full_page=False)
     print(json.dumps({"screenshots": sorted(str(p) for p in OUTPUT.glob("*.png"))}))
+
+
+def import_errors(airflow) -> str:
+    found = airflow.call("GET", "/api/v2/importErrors")["import_errors"]
+    return "\n".join(e["stack_trace"] for e in found if e["filename"].endswith("config_check.py"))
+
+
+def wait_until(check, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"not within {timeout}s"
+        time.sleep(3)
+    return found
+
+
+def test_a_broken_topics_file_shows_everywhere_and_stops_only_its_topics(
+    airflow, archived, tmp_path
+):
+    """A file that is not YAML and a bad entry in another, added to the running stack's topics
+    folder: the Airflow UI's import errors, the page, the metrics and an alert name file, line
+    and field; the other topics' DAGs still run; removed, every trace is gone."""
+    folder = airflow.settings.topics_file
+    broken, bad = folder / "team-b.yaml", folder / "team-c.yaml"
+    broken.write_text("topics:\n  - topic: e2e.b\n    format: raw\n   seal: x\n")
+    bad.write_text("topics:\n  - topic: e2e.c\n    format: raw\n    codec: lz4\n")
+    token = (airflow.settings.state_dir / "airflow" / "metrics_token").read_text()
+    auth = {"Authorization": f"Bearer {token}"}
+    try:
+        errors = wait_until(
+            lambda: "team-c.yaml" in import_errors(airflow) and import_errors(airflow)
+        )
+        assert f"{broken}, line 4: not valid YAML at column 4" in errors
+        assert f"{bad}, line 4: topic 'e2e.c': codec: Input should be" in errors
+
+        metrics = fetch(airflow.base + "/cairn/metrics", auth)[2]
+        assert f'cairn_config_errors{{file="{broken}"}} 1.0' in metrics
+        assert f'cairn_config_errors{{file="{folder / "e2e.yaml"}"}} 0.0' in metrics
+        user = airflow.call(
+            "POST", "/auth/token", {"username": airflow.user, "password": airflow.password}
+        )["access_token"]
+        with chromium.Chromium(tmp_path / "chromium", width=1500, height=760) as browser:
+            browser.set_cookie(airflow.base + "/", "_token", user)
+            assert browser.open(f"{airflow.base}/cairn/") == 200
+            rows = browser.evaluate(
+                "[...document.querySelectorAll('#misconfigured tbody tr')]"
+                ".map(r => [...r.cells].map(c => c.innerText.trim()))"
+            )
+            assert [f"{bad}, line 4", "topic 'e2e.c'", "codec"] in [r[:3] for r in rows]
+            assert [f"{broken}, line 4", "file", "—"] in [r[:3] for r in rows]
+            assert E2E_OVERVIEW in browser.text()  # the other topics are still listed
+            browser.screenshot(OUTPUT / "misconfigured.png")
+
+        airflow.wait_for_dag("cairn_config_watch")
+        airflow.trigger("cairn_config_watch")
+        (run,) = airflow.wait_for_runs("cairn_config_watch", timeout=300)[-1:]
+        assert run["state"] == "failed"
+        alerts = airflow.settings.alerts_file.read_text().splitlines()
+        reasons = [json.loads(a)["reason"] for a in alerts if "cairn_config_watch" in a]
+        assert any(f"{bad}, line 4: topic 'e2e.c': codec" in r for r in reasons), reasons
+
+        airflow.trigger(DAG_ID)  # the other topics still archive
+        assert airflow.wait_for_runs(DAG_ID, timeout=600)[-1]["state"] == "success"
+    finally:
+        broken.unlink()
+        bad.unlink()
+    wait_until(lambda: import_errors(airflow) == "")
+    assert "cairn_config_errors" in fetch(airflow.base + "/cairn/metrics", auth)[2]
+    assert "team-b.yaml" not in fetch(airflow.base + "/cairn/metrics", auth)[2]

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+import cairn_dags
 import cairn_notifier
 import cairn_stats
 from cairn.config import TopicConfig
@@ -113,3 +114,41 @@ def test_archive_dags_wire_the_notifier_the_deadline_and_the_check(monkeypatch) 
     (deadline,) = dag.deadline if isinstance(dag.deadline, list) else [dag.deadline]
     assert deadline.interval == timedelta(hours=2)
     assert deadline.callback.path == "cairn_notifier.run_overdue"
+
+
+def test_config_mistakes_fail_the_check_and_alert_once_until_they_change(
+    monkeypatch, tmp_path
+) -> None:
+    variables: dict[str, str] = {}
+    monkeypatch.setattr(
+        cairn_notifier.Variable, "get", lambda key, default=None: variables.get(key, default)
+    )
+    monkeypatch.setattr(cairn_notifier.Variable, "set", variables.__setitem__)
+    monkeypatch.setenv(cairn_notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
+    alerts = tmp_path / "alerts.jsonl"
+    monkeypatch.setenv("CAIRN_ALERTS_FILE", str(alerts))
+    folder = tmp_path / "topics.d"
+    folder.mkdir()
+    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", folder)
+    (folder / "a.yaml").write_text("topics:\n  - {topic: a, format: raw}\n")
+    broken = folder / "b.yaml"
+
+    def reasons() -> list[str]:
+        lines = alerts.read_text().splitlines() if alerts.exists() else []
+        return [json.loads(line)["reason"] for line in lines]
+
+    assert cairn_notifier.check_config({}) == ["the topics files have no mistakes"]
+    broken.write_text("topics:\n  - {topic: b, format: raw, codec: lz4}\n")
+    for _ in range(2):  # a mistake left in place is one alert, however often it is checked
+        with pytest.raises(AirflowFailException, match=rf"{broken}, line 2: topic 'b': codec"):
+            cairn_notifier.check_config({})
+    assert reasons() == [
+        f"topics files: 1 mistake(s), not archived until fixed: {broken}, line 2: topic 'b': "
+        "codec: Input should be 'deflate', 'snappy', 'zstandard' or 'null'"
+    ]
+    broken.write_text("topics:\n  - {topic: b, format: raw}\n")
+    assert cairn_notifier.check_config({}) == ["the topics files have no mistakes"]
+    broken.write_text("topics: [")
+    with pytest.raises(AirflowFailException, match="not valid YAML"):
+        cairn_notifier.check_config({})
+    assert len(reasons()) == 2 and "not valid YAML" in reasons()[1]

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException
 from cairn.cli import main
 from cairn.cli.common import FOUND_PROBLEM, UNREACHABLE, USAGE, show_bytes
 from cairn.cli.failures import explain
-from cairn.config import TopicConfig, TopicsFileError
+from cairn.config import TopicConfig
 from cairn.protocol.manifest import FileEntry, Manifest
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import backup_key, manifest_key, token_key
@@ -158,13 +158,14 @@ def test_topics_file_mistakes_are_one_line_naming_file_line_and_field(tmp_path, 
     topics.write_text("topics:\n  - topic: t\n    format: raw\n   schedule: x\n")
     assert main(["--topics-file", str(topics), "tokens", "list", "t"]) == 2
     assert capsys.readouterr().err == (
-        f"error: {topics}, line 4, column 4: not valid YAML: expected <block end>, but found "
+        f"error: topic 't' is not configured in {topics}; the topics files have errors: "
+        f"{topics}, line 4: not valid YAML at column 4: expected <block end>, but found "
         "'<block mapping start>'; fix the file there\n"
     )
     topics.write_text("topics:\n  - topic: t\n    format: raw\n    schedule: every minute\n")
     assert main(["--topics-file", str(topics), "tokens", "list", "t"]) == 2
     assert capsys.readouterr().err == (
-        f"error: {topics}: topic 't': schedule: 'every minute' is neither a 5-field cron "
+        f"error: {topics}, line 4: topic 't': schedule: 'every minute' is neither a 5-field cron "
         "expression nor a preset; fix the entry\n"
     )
 
@@ -172,7 +173,7 @@ def test_topics_file_mistakes_are_one_line_naming_file_line_and_field(tmp_path, 
 def test_debug_shows_the_traceback_instead(tmp_path) -> None:
     topics = tmp_path / "topics.yaml"
     topics.write_text("topics: [")
-    with pytest.raises(TopicsFileError, match="line 1, column 10"):
+    with pytest.raises(LookupError, match="line 1: not valid YAML at column 10"):
         main(["--topics-file", str(topics), "--debug", "tokens", "list", "t"])
 
 

@@ -71,7 +71,7 @@ def test_defaults_are_merged_and_documented_defaults_apply(tmp_path):
     assert b.user_schema == SCHEMA and b.schema_path == tmp_path / "schemas" / "e.avsc"
 
 
-def test_bad_entries_are_reported_with_topic_and_field_while_good_ones_load(tmp_path):
+def test_bad_entries_are_reported_with_file_line_topic_and_field_while_good_ones_load(tmp_path):
     path = write(
         tmp_path,
         """
@@ -124,7 +124,7 @@ def test_bad_entries_are_reported_with_topic_and_field_while_good_ones_load(tmp_
         """,
     )
     result = load_topics(path)
-    assert [t.topic for t in result.topics] == ["good", "also-good"]
+    assert [t.topic for t in result.topics] == ["also-good"]
     errors = errors_by_entry(result)
     assert errors["topic 'typo'"] == [("shedule", "Extra inputs are not permitted")]
     assert errors["topic 'badenc'"][0][0] == "event_time.encoding"
@@ -145,8 +145,14 @@ def test_bad_entries_are_reported_with_topic_and_field_while_good_ones_load(tmp_
     assert errors["topic 'both'"][0][0] == "topic"
     assert errors["entry #14"][0][0] == "topic"
     assert errors["entry #15"] == [("", "entry must be a mapping")]
-    assert errors["topic 'good'"] == [("", "listed more than once")]
-    assert str(result.errors[0]) == "topic 'typo': shedule: Extra inputs are not permitted"
+    assert errors["topic 'good'"] == [  # written twice: neither copy loads
+        ("", f"also defined at {path}, line 44; neither is loaded until one is removed"),
+        ("", f"also defined at {path}, line 3; neither is loaded until one is removed"),
+    ]
+    (typo,) = [e for e in result.errors if e.entry == "topic 'typo'"]
+    assert str(typo) == f"{path}, line 7: topic 'typo': shedule: Extra inputs are not permitted"
+    assert {e.file for e in result.errors} == {str(path)}
+    assert [e.line for e in result.errors if e.entry == "topic 'badenc'"] == [11]
 
 
 def test_raw_topics_refuse_parser_settings(tmp_path):
@@ -192,7 +198,10 @@ def test_file_level_problems(tmp_path):
     )
     result = load_topics(path)
     assert [t.topic for t in result.topics] == ["ok"]
-    assert {(e.entry, e.field) for e in result.errors} == {("file", "topic"), ("defaults", "")}
+    assert {(e.entry, e.field, e.line) for e in result.errors} == {
+        ("file", "topic", 3),
+        ("defaults", "", 2),
+    }
 
 
 @pytest.mark.parametrize("schedule", ["@hourly", "@daily", "0 * * * *", "*/5 1-3 * * mon-fri"])
@@ -427,3 +436,78 @@ def test_an_event_time_encoding_that_cannot_read_the_schema_field_is_refused(tmp
         ],
         "topic 't5'": [("event_time.field", "'missing' is not a field of the schema")],
     }
+
+
+def test_a_folder_of_topics_files_loads_each_file_alone(tmp_path):
+    """conf.d: every *.yaml/*.yml file in name order, each with its own defaults and schema
+    folder; a file that is not YAML loses only its own entries, named by file and line."""
+    folder = tmp_path / "topics.d"
+    folder.mkdir()
+    write(folder, "defaults: {timezone: Europe/Berlin}\ntopics:\n  - {topic: a, format: raw}\n")
+    (folder / "topics.yaml").rename(folder / "team-a.yaml")
+    (folder / "team-b.yaml").write_text("topics:\n  - topic: b\n    format: raw\n   seal: x\n")
+    (folder / "team-c.yml").write_text(
+        "topics:\n  - topic: c\n    format: json\n    schema: schemas/e.avsc\n"
+        "    time_source: processing\n"
+    )
+    (folder / ".team-d.yaml").write_text("topics: [")  # an editor's file, not read
+    (folder / "README.txt").write_text("topics: [")
+    (folder / "old").mkdir()
+    (folder / "old" / "x.yaml").write_text("topics: [")
+
+    result = load_topics(folder)
+
+    assert result.files == [folder / "team-a.yaml", folder / "team-b.yaml", folder / "team-c.yml"]
+    loaded = {t.topic: t for t in result.topics}
+    assert sorted(loaded) == ["a", "c"]
+    assert loaded["a"].timezone == "Europe/Berlin" and loaded["c"].timezone == "UTC"
+    assert loaded["c"].schema_path == folder / "schemas" / "e.avsc"
+    (broken,) = result.errors
+    assert str(broken) == (
+        f"{folder / 'team-b.yaml'}, line 4: not valid YAML at column 4: expected <block end>, "
+        "but found '<block mapping start>'; fix the file there"
+    )
+
+
+def test_a_topic_in_two_files_loads_from_neither(tmp_path):
+    """Even when one copy is invalid: it may be the one meant, so the other does not win."""
+    (tmp_path / "a.yaml").write_text("topics:\n  - {topic: t, format: raw}\n")
+    (tmp_path / "b.yaml").write_text(
+        "topics:\n  - {topic: u, format: raw}\n  - {topic: t, format: json}\n"
+    )
+    result = load_topics(tmp_path)
+    assert [t.topic for t in result.topics] == ["u"]
+    assert [str(e) for e in result.errors] == [
+        f"{tmp_path / 'a.yaml'}, line 2: topic 't': also defined at {tmp_path / 'b.yaml'}, "
+        "line 3; neither is loaded until one is removed",
+        f"{tmp_path / 'b.yaml'}, line 3: topic 't': schema: json topics need an Avro schema "
+        "(.avsc)",
+        f"{tmp_path / 'b.yaml'}, line 3: topic 't': also defined at {tmp_path / 'a.yaml'}, "
+        "line 2; neither is loaded until one is removed",
+    ]
+
+
+def test_a_missing_topics_path_is_a_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError) as raised:
+        load_topics(tmp_path / "nope.yaml")
+    assert raised.value.filename == str(tmp_path / "nope.yaml")
+
+
+def test_a_bad_value_from_defaults_is_named_at_its_line_in_defaults(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        defaults:
+          schedule: every minute
+        topics:
+          - topic: a
+            format: raw
+          - topic: b
+            format: raw
+            schedule: "@hourly"
+        """,
+    )
+    result = load_topics(path)
+    assert [t.topic for t in result.topics] == ["b"]
+    (error,) = result.errors
+    assert (error.entry, error.field, error.line) == ("topic 'a'", "schedule", 3)

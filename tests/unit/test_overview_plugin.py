@@ -88,3 +88,27 @@ def test_the_prefix_without_its_slash_redirects_to_the_index():
     assert browser.get("/cairn?x=1").headers["location"] == "/cairn/?x=1"
     assert browser.get("/cairn").status_code == 307
     assert browser.get("/cairnx").status_code == 404
+
+
+def test_a_broken_topics_file_shows_as_misconfigured_and_in_the_metrics(
+    client, tmp_path, monkeypatch
+) -> None:
+    folder = tmp_path / "topics.d"
+    folder.mkdir()
+    (tmp_path / "topics.yaml").rename(folder / "shop.yaml")
+    (tmp_path / "order.avsc").rename(folder / "order.avsc")
+    (folder / "team-b.yaml").write_text("topics:\n  - topic: b\n    format: raw\n   seal: x\n")
+    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", folder)
+    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+
+    page = client.get("/")
+    assert page.status_code == 200
+    assert 'data-topic="orders.eu"' in page.text  # the other file's topics still show
+    assert f"<code>{folder / 'team-b.yaml'}, line 4</code>" in page.text
+    assert "not valid YAML at column 4: expected &lt;block end&gt;" in page.text
+
+    scrape = client.get("/metrics")
+    assert scrape.status_code == 200
+    assert f'cairn_config_errors{{file="{folder / "team-b.yaml"}"}} 1.0' in scrape.text
+    assert f'cairn_config_errors{{file="{folder / "shop.yaml"}"}} 0.0' in scrape.text
+    assert 'cairn_offset_lag{partition="0",topic="orders.eu"}' in scrape.text

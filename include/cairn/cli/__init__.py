@@ -14,12 +14,12 @@ delivery; 2 a usage or configuration error (the topics file, an argument, creden
 settings); 3 Kafka or the archive's storage could not be reached. An error is one line on stderr
 naming what is wrong and what to do; `--debug` shows its traceback (and librdkafka's log).
 
-Topics come from the topics file (`--topics-file`, else `CAIRN_TOPICS_FILE`, else
-include/topics.yaml). Storage credentials for an `s3://<conn_id>@bucket/prefix` root come from the
-AWS connection `<conn_id>` given as the variable `AIRFLOW_CONN_<CONN_ID>` (JSON: keys, session
-token, profile, endpoint, region, Cairn's encryption settings; a `role_arn` is refused, see
-`cairn.storage.s3_access.env_connection_options`); without it, the usual AWS variables, profile or
-instance role apply.
+Topics come from the topics file or folder of them (`--topics-file`, else `CAIRN_TOPICS_FILE`,
+else include/topics.yaml). Storage credentials for an `s3://<conn_id>@bucket/prefix` root come
+from the AWS connection `<conn_id>` given as the variable `AIRFLOW_CONN_<CONN_ID>` (JSON: keys,
+session token, profile, endpoint, region, Cairn's encryption settings; a `role_arn` is refused,
+see `cairn.storage.s3_access.env_connection_options`); without it, the usual AWS variables,
+profile or instance role apply.
 Kafka's configuration (librdkafka settings, as a `kafka` Airflow connection's extra holds them,
 e.g. for SASL_SSL), for `replay` and `tokens rewind`, comes from `--kafka-config FILE` (JSON, or
 `key=value` lines), else `--bootstrap-servers` (plaintext), else the variable

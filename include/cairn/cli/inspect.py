@@ -84,12 +84,13 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
 
 
 def status(topics_file: str, debug: bool = False) -> int:
-    """Every topic's row; a broken entry or a topic whose archive cannot be read is one line on
-    stderr, the others are still shown, and the exit code is the worst problem's."""
+    """Every topic's row; a mistake in the topics files (a broken entry, a file that is not
+    YAML) or a topic whose archive cannot be read is one line on stderr, the others are still
+    shown, and the exit code is the worst problem's."""
     loaded = load_topics(topics_file)
     worst = USAGE if loaded.errors else OK
     for problem in loaded.errors:
-        err().print(f"[yellow]skipped[/] {escape(str(problem))}", soft_wrap=True)
+        err().print(f"[yellow]misconfigured:[/] {escape(str(problem))}", soft_wrap=True)
     table = Table(
         "topic",
         "position",

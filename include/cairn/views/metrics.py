@@ -1,7 +1,8 @@
 """Cairn's metrics, named once: what the commit task sends through Airflow's stats (StatsD or
 OpenTelemetry) and what the plugin's Prometheus endpoint serves, from the same run records.
 
-Every metric is per topic, most per partition too (labels `topic`, `partition`). Gauges are the
+Every run metric is per topic, most per partition too (labels `topic`, `partition`); the config
+metric is per topics file (label `file`). Gauges are the
 state after the newest committed run; counters differ by source, as each protocol expects:
 `run_samples` gives one run's increments (StatsD `incr`), `samples` the running totals kept in
 the newest run record (a Prometheus counter; a restarted total reads as a counter reset).
@@ -11,8 +12,10 @@ counters).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Literal, NamedTuple
 
+from cairn.config import LoadResult
 from cairn.protocol.tokens import Counts
 from cairn.views.status import RunRecord, TopicStatus
 
@@ -37,6 +40,7 @@ RECORDS_QUARANTINED = "cairn.records_quarantined"
 RUN_DURATION = "cairn.run_duration_seconds"
 LAST_COMMIT = "cairn.last_commit_timestamp_seconds"
 QUARANTINE_RATIO = "cairn.quarantine_ratio"
+CONFIG_ERRORS = "cairn.config_errors"
 
 TIMINGS = frozenset({RUN_DURATION})
 """Gauges that StatsD receives as timers (in Prometheus, the newest run's value)."""
@@ -50,6 +54,7 @@ HELP = {
     RUN_DURATION: "Seconds from planning a run to committing its token.",
     LAST_COMMIT: "When the newest token was committed, in Unix epoch seconds.",
     QUARANTINE_RATIO: "Records quarantined per record read over the recent runs.",
+    CONFIG_ERRORS: "Mistakes in a topics file; the topics they describe are not archived.",
 }
 
 _COUNTERS = (
@@ -74,6 +79,16 @@ def samples(status: TopicStatus) -> list[Sample]:
     if status.quarantine_ratio is not None:
         found.append(_sample(QUARANTINE_RATIO, "gauge", status.quarantine_ratio, record.topic))
     return found
+
+
+def config_samples(loaded: LoadResult) -> list[Sample]:
+    """How many mistakes each topics file holds, every file listed (0 once fixed, so an alert on
+    it resolves)."""
+    per_file = Counter(e.file for e in loaded.errors)
+    return [
+        Sample(CONFIG_ERRORS, "gauge", float(per_file[f]), {"file": f}, HELP[CONFIG_ERRORS])
+        for f in map(str, loaded.files)
+    ]
 
 
 def _gauges(record: RunRecord) -> list[Sample]:

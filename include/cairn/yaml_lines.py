@@ -1,0 +1,52 @@
+"""Where a key sits in a YAML document, so a config error can name its line, not just its field.
+
+PyYAML's `safe_load` drops positions; its node tree (`yaml.compose`) keeps them. `line` walks
+that tree along a field path (`event_time.encoding`) and returns the 1-based line of the
+deepest key it reaches.
+"""
+
+from __future__ import annotations
+
+import yaml
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+
+def compose(text: str) -> Node | None:
+    """The document's node tree (None for an empty document); raises yaml.YAMLError."""
+    return yaml.compose(text, Loader=yaml.SafeLoader)
+
+
+def child(node: Node | None, key: str | int) -> Node | None:
+    """The value node under `key` of a mapping, or item `key` of a sequence (None if absent)."""
+    if isinstance(node, MappingNode):
+        for k, v in node.value:
+            if k.value == key:
+                return v
+    if isinstance(node, SequenceNode) and isinstance(key, int) and key < len(node.value):
+        return node.value[key]
+    return None
+
+
+def line(node: Node | None, field: str) -> int | None:
+    """The line of the deepest key of dotted `field` found under `node` (the node's own line if
+    none is found; None without a node)."""
+    if node is None:
+        return None
+    found = node.start_mark.line + 1
+    for part in field.split(".") if field else []:
+        if not isinstance(node, MappingNode):
+            break
+        pair = next(((k, v) for k, v in node.value if k.value == part), None)
+        if pair is None:
+            break
+        found, node = pair[0].start_mark.line + 1, pair[1]
+    return found
+
+
+def error_line(err: yaml.YAMLError) -> tuple[int | None, str]:
+    """A parse error's 1-based line, and its message with the column."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    if mark is None:
+        return None, f"not valid YAML: {problem}"
+    return mark.line + 1, f"not valid YAML at column {mark.column + 1}: {problem}"
