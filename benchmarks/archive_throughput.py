@@ -239,6 +239,7 @@ def topics_file(path: Path, topic: str, archive: Path, records: int) -> TopicCon
             schema: {SCHEMA}
             event_time: {{field: ts, encoding: iso8601}}
             archive_root: {archive.as_uri()}
+            start_new_archive: true  # every round archives the topic afresh
             max_records_per_partition: {max(records, 1)}
         """
     path.write_text(textwrap.dedent(entry))
