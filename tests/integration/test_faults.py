@@ -21,6 +21,7 @@ import io
 import json
 import os
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -158,7 +159,16 @@ class Kafka:
         self.partitions += 1
         done = self.admin.create_partitions([NewPartitions(self.topic, self.partitions)])
         done[self.topic].result(30)
+        deadline = time.monotonic() + 30
+        while not self._leaders_known():  # before then, a DeleteRecords finds "No leaders"
+            assert time.monotonic() < deadline, f"partition {self.partitions - 1} has no leader"
+            time.sleep(0.2)
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
         self.producer = self._producer()
+
+    def _leaders_known(self) -> bool:
+        found = self.admin.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+        return len(found) == self.partitions and all(p.leader >= 0 for p in found.values())
 
 
 @dataclass
