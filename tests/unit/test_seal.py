@@ -207,6 +207,46 @@ def test_the_table_gets_the_sealed_date_in_one_snapshot_and_a_second_seal_replac
     assert table_now.current_snapshot().summary.operation.value == "overwrite"
 
 
+def test_a_record_a_rebuild_moved_to_another_date_is_in_the_table_once_after_either_seal(
+    tmp_path, storage
+):
+    """A fixed timezone moves 2024-06-01T23:30Z to June 2 (Tokyo). Sealing June 2 takes the
+    record out of June 1's partition in the same commit; sealing June 1 again then leaves each
+    partition exactly its folder."""
+    cfg = config(tmp_path, reseal_files=1)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    catalog = SqlCatalog(
+        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
+    )
+    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    sealed(storage, cfg, D1, catalog, table)
+    tokyo = config(tmp_path, timezone="Asia/Tokyo", reseal_files=1)
+    rebuild(storage, tokyo, D1)
+
+    def in_table() -> Counter:
+        rows = catalog.load_table("cairn.orders").scan().to_arrow()
+        keys = ("_event_date", "_kafka_partition", "_kafka_offset")
+        return Counter(zip(*(rows.column(k).to_pylist() for k in keys), strict=True))
+
+    assert in_table()[D1, 0, 1] == 1  # June 1's partition is stale until a seal
+
+    sealed(storage, tokyo, D2, catalog, table)
+
+    assert (D1, 0, 1) not in in_table() and in_table()[D2, 0, 1] == 1
+    assert max(Counter((p, o) for _, p, o in in_table()).values()) == 1
+    moved = catalog.load_table("cairn.orders").snapshots()[-2].summary
+    assert moved["cairn.moved-to"] == D2.isoformat()
+
+    sealed(storage, tokyo, D1, catalog, table)
+
+    for day in (D1, D2):
+        folder = {("p", p, o) for _, p, o in (k for k in in_table() if k[0] == day)}
+        assert folder == {k for k in day_records(storage, day) if k[0] == "p"}
+
+
 def test_a_rebuild_of_a_sealed_date_re_derives_its_records_from_the_backup(tmp_path, storage):
     cfg = config(tmp_path)
     build_archive(storage, cfg)

@@ -4,7 +4,9 @@ The seal job writes a date's parsed records as Parquet files under the table's l
 (`cairn.datafiles.parquet_file`); the seal's commit task, once Cairn's token is committed,
 replaces the date's partition with them here, with pyiceberg, in ONE `overwrite` snapshot: the
 date's old data files out, the new ones in. A reader of the table (Spark SQL, pyiceberg, DuckDB)
-sees the date before or after, never both or neither. The snapshot's summary carries what
+sees the date before or after, never both or neither; a record a rebuild or a changed config
+moved from a sealed date to this one leaves its old date's partition in the same commit, so no
+record is in the table twice. The snapshot's summary carries what
 Iceberg's Kafka Connect sink records and more: the topic, the token and the seal attempt, the
 date, its record count and checksum, and per Kafka partition the offset ranges that fed it.
 
@@ -23,15 +25,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import defaultdict
 from datetime import date
+from functools import reduce
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.catalog import load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
-from pyiceberg.expressions import EqualTo
+from pyiceberg.expressions import (
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThanOrEqual,
+    In,
+    LessThanOrEqual,
+    NotEqualTo,
+    Or,
+)
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
@@ -43,6 +57,9 @@ from cairn.table.catalog import NAMESPACE, Catalog, TableTarget, pyiceberg_prope
 
 NAME_MAPPING = "schema.name-mapping.default"
 ATTEMPT = "cairn.attempt"
+MOVED_TO = "cairn.moved-to"
+"""A delete snapshot's summary: the date a seal moved rows of other dates' partitions to."""
+PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
 
 
 def catalog_of(catalog: Catalog) -> IcebergCatalog:
@@ -98,7 +115,8 @@ def replace_date(
     summary: dict[str, str],
 ) -> Replaced:
     """Make `files` (paths under the table's location, written with `schema`) the whole of
-    partition `day`, in one overwrite snapshot whose summary holds `summary` and the attempt;
+    partition `day`, in one overwrite snapshot whose summary holds `summary` and the attempt,
+    committed with the delete of their records from other dates' partitions (`moved_here`);
     done already: nothing."""
     table = _table(catalog, where, schema)
     done = next(
@@ -109,16 +127,61 @@ def replace_date(
     paths = [f"{where.location.rstrip('/')}/{f}" for f in files]
     added = [parquet_file_to_data_file(table.io, table.metadata, p) for p in paths]
     old = [task.file for task in table.scan(row_filter=EqualTo(EVENT_DATE, day)).plan_files()]
-    properties = summary | {ATTEMPT: attempt_id}
-    with table.transaction() as txn, txn.update_snapshot(properties).overwrite() as overwrite:
-        for data_file in old:
-            overwrite.delete_data_file(data_file)
-        for data_file in added:
-            overwrite.append_data_file(data_file)
+    moved = moved_here(table, day, paths)
+    with table.transaction() as txn:
+        if moved is not None:
+            txn.delete(moved, {ATTEMPT: attempt_id, MOVED_TO: day.isoformat()})
+        with txn.update_snapshot(summary | {ATTEMPT: attempt_id}).overwrite() as overwrite:
+            for data_file in old:
+                overwrite.delete_data_file(data_file)
+            for data_file in added:
+                overwrite.append_data_file(data_file)
     table.refresh()
     return Replaced(
         snapshot_id=table.current_snapshot().snapshot_id, records=date_records(table, day)
     )
+
+
+def moved_here(table: Table, day: date, paths: list[str]) -> BooleanExpression | None:
+    """The rows of other dates' partitions that hold records of `paths` (the date's new
+    files): a rebuild or a changed config (timezone, event-time field) moved those records to
+    `day` after their old date was sealed. The seal deletes them in its commit, so a record is
+    in the table once, under the date its newest seal filed it in (the old date, changed, is
+    sealed again). Reads three columns of the files whose offset bounds overlap the date's."""
+    if not paths:
+        return None
+    ours = pa.concat_tables(
+        [pq.read_table(table.io.new_input(p).open(), columns=[PARTITION, OFFSET]) for p in paths]
+    )
+    if ours.num_rows == 0:
+        return None
+    bounds = ours.group_by(PARTITION).aggregate([(OFFSET, "min"), (OFFSET, "max")]).to_pylist()
+    near = [
+        And(
+            EqualTo(PARTITION, b[PARTITION]),
+            GreaterThanOrEqual(OFFSET, b[f"{OFFSET}_min"]),
+            LessThanOrEqual(OFFSET, b[f"{OFFSET}_max"]),
+        )
+        for b in bounds
+    ]
+    elsewhere = table.scan(
+        row_filter=And(NotEqualTo(EVENT_DATE, day), _any(near)),
+        selected_fields=(EVENT_DATE, PARTITION, OFFSET),
+    ).to_arrow()
+    ours = ours.cast(elsewhere.select([PARTITION, OFFSET]).schema)
+    offsets: dict[tuple[date, int], set[int]] = defaultdict(set)
+    for row in elsewhere.join(ours, keys=[PARTITION, OFFSET], join_type="left semi").to_pylist():
+        offsets[row[EVENT_DATE], row[PARTITION]].add(row[OFFSET])
+    return _any(
+        [
+            And(EqualTo(EVENT_DATE, d), EqualTo(PARTITION, p), In(OFFSET, o))
+            for (d, p), o in offsets.items()
+        ]
+    )
+
+
+def _any(terms: list[BooleanExpression]) -> BooleanExpression | None:
+    return reduce(Or, terms) if terms else None
 
 
 def delete_file(catalog: IcebergCatalog, where: TableTarget, path: str) -> None:
