@@ -9,7 +9,7 @@ topics files have errors. `cairn_config_watch` alerts on the same errors.
 
 from __future__ import annotations
 
-from cairn.config import TOPICS_FILE, load_topics
+from cairn.topics_file import TOPICS_FILE, load_topics
 
 _errors = load_topics(TOPICS_FILE).errors
 if _errors:

@@ -12,8 +12,9 @@ import json
 import yaml
 from airflow.sdk import Variable, get_parsing_context
 
-from cairn.config import TOPICS_FILE, LoadResult, TopicConfig, load_topics, resolve
+from cairn.config import TopicConfig
 from cairn.dag_ids import Kind, dag_id
+from cairn.topics_file import TOPICS_FILE, LoadResult, load_topics, resolve
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""

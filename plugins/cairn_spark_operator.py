@@ -20,12 +20,13 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from cairn.config import REPO, find_topic
+from cairn.config import REPO
 from cairn.errors import PERMANENT_EXIT
 from cairn.formats import REGISTRIES_VARIABLE
 from cairn.pipeline.plan import Plan
 from cairn.protocol import commit
 from cairn.storage.objects import OPTIONS_VARIABLE
+from cairn.topics_file import find_topic
 from cairn_connect import Connected, connect_session
 from cairn_connections import kafka_conf, schema_registries, storage, storage_options
 from cairn_failures import fail_fast

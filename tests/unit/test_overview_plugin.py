@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 import cairn_dags
 import cairn_overview
-from cairn.config import load_topics
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from cairn.views import status
 from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec

@@ -35,7 +35,8 @@ from rich.markup import escape
 from cairn.cli import inspect, replay, tokens
 from cairn.cli.common import OK, err
 from cairn.cli.failures import explain
-from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.config import TopicConfig
+from cairn.topics_file import TOPICS_FILE, find_topic
 from cairn.views.config_reference import reference
 
 _PER_TOPIC = {

@@ -31,12 +31,13 @@ from cairn.cli.common import (
     table_counter,
 )
 from cairn.cli.failures import explain
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import millis
 from cairn.formats import registries_from_env
 from cairn.pipeline import completeness
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import parse_data_key
+from cairn.topics_file import load_topics
 from cairn.views import status as run_status
 from cairn.views.audit import audit_date
 from cairn.views.date_check import verify_date

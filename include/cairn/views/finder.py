@@ -26,7 +26,7 @@ from typing import Any
 import fastavro
 from pydantic import BaseModel, ValidationError
 
-from cairn.config import TopicConfig, resolve
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import read_header
 from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
@@ -36,6 +36,7 @@ from cairn.protocol import manifest, rewind, tokens
 from cairn.protocol.manifest import FileEntry, Kind, Manifest
 from cairn.storage.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
 from cairn.storage.objects import Storage
+from cairn.topics_file import resolve
 
 
 class NotArchived(LookupError):
