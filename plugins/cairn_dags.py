@@ -14,7 +14,7 @@ from airflow.sdk import Variable, get_parsing_context
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import Kind, dag_id
-from cairn.topics_file import TOPICS_FILE, LoadResult, load_topics, resolve
+from cairn.topics_file import TOPICS_FILE, LoadResult, load_topics
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
@@ -23,31 +23,37 @@ DISCOVERY_DELAY = "5 minutes"
 """How long a new topic that matches a pattern entry may wait for discovery (its schedule)."""
 
 
-def topics_loaded() -> LoadResult:
+def topics_written() -> LoadResult:
     """The topics file (or folder of them) as it reads now: valid entries, errors, files."""
     return load_topics(TOPICS_FILE)
 
 
+def topics_loaded() -> LoadResult:
+    """The topics to build DAGs for and every mistake: exact entries, and pattern entries
+    matched against the topic names `cairn_discover_topics` cached (never a Kafka call while
+    parsing DAG files); a topic two patterns match is a mistake (`LoadResult.resolve`)."""
+    written = topics_written()
+    known = []
+    if any(entry.pattern for entry in written.topics):
+        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
+    return written.resolve(known)
+
+
 def patterns() -> list[str]:
     """The pattern entries of the topics file (they wait for discovery; exact entries do not)."""
-    return [e.pattern for e in topics_loaded().topics if e.pattern]
+    return [e.pattern for e in topics_written().topics if e.pattern]
 
 
 def pattern_topics(kafka_topic_names: list[str]) -> list[str]:
     """The topics that pattern entries, and no exact entry, give DAGs among these names."""
-    entries = topics_loaded().topics
-    exact = {e.topic for e in entries if e.topic}
-    return [c.topic for c in resolve(entries, kafka_topic_names) if c.topic not in exact]
+    written = topics_written()
+    exact = {e.topic for e in written.topics if e.topic}
+    return [c.topic for c in written.resolve(kafka_topic_names).topics if c.topic not in exact]
 
 
 def configured_topics() -> list[TopicConfig]:
-    """The topics to build DAGs for: exact entries, and pattern entries matched against the
-    topic names `cairn_discover_topics` cached (never a Kafka call while parsing DAG files)."""
-    entries = topics_loaded().topics
-    known = []
-    if any(entry.pattern for entry in entries):
-        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
-    return resolve(entries, known)
+    """The topics to build DAGs for (`topics_loaded`)."""
+    return topics_loaded().topics
 
 
 def topics_to_build(kind: Kind) -> list[TopicConfig]:

@@ -127,8 +127,9 @@ class TopicConfig(BaseModel):
     topic: str | None = None
     """The Kafka topic this entry archives (give `topic` or `pattern`)."""
     pattern: str | None = None
-    """A regex matching whole topic names, each archived alike; internal `__` topics never match,
-    exact entries win. Kafka is asked for new matches every 5 minutes."""
+    """A regex matching whole topic names, each archived alike; internal `__` topics never match.
+    A topic entry wins over patterns; a topic two patterns match is an error. Kafka is asked for
+    new matches every 5 minutes."""
     format: str
     """How values are parsed: json, avro, or raw (verbatim backup only)."""
     event_time: EventTime | None = None
@@ -193,6 +194,9 @@ class TopicConfig(BaseModel):
 
     # Directory `schema` is relative to: that of the topics file (include/ by default).
     _base_dir: Path = PrivateAttr(default=INCLUDE_DIR)
+    # Where the entry is written (set by `cairn.topics_file`), so errors can point at it.
+    _file: str = PrivateAttr(default="")
+    _line: int | None = PrivateAttr(default=None)
 
     @field_validator("topic")
     @classmethod
@@ -346,6 +350,11 @@ class TopicConfig(BaseModel):
     def label(self) -> str:
         """How errors and logs refer to this entry."""
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
+
+    @property
+    def written_at(self) -> str:
+        """Where the entry is written, 'file, line N' (empty when it was not read from a file)."""
+        return self._file + (f", line {self._line}" if self._line else "")
 
     @property
     def group_id(self) -> str:

@@ -4,13 +4,15 @@ per team or topic), read entry by entry into `cairn.config.TopicConfig`.
 A mistake is reported (file, line, entry, field, message) and stops only what it describes: a
 bad entry is skipped, a file that is not YAML loses its own entries, and the other topics still
 load, so one typo does not take every topic's DAG down. Pattern entries become concrete topics
-only in `resolve`, against the topic names Kafka reports.
+only in `LoadResult.resolve`, against the topic names Kafka reports; a topic two patterns
+match loads from neither.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -51,6 +53,40 @@ class LoadResult:
     errors: list[TopicConfigError]
     files: list[Path]
     """Every topics file read, broken ones included (a clean file reports zero errors)."""
+
+    def resolve(self, kafka_topic_names: Iterable[str]) -> LoadResult:
+        """The concrete topics, sorted by topic: each pattern entry replaced by the topics it
+        matches among these names (never internal `__` topics).
+
+        Exact entries always count (a topic may be configured before it exists) and win over
+        patterns, as the more specific: one is the way to settle an overlap. A topic that two
+        patterns match and no exact entry names loads from neither, as a topic written twice:
+        which pattern comes first is an accident of file names, and letting it win would let a
+        new pattern quietly change where and how an archived topic is written. Its error names
+        both patterns; their other topics still load.
+        """
+        chosen = {e.topic: e for e in self.topics if e.topic is not None}
+        patterns = [e for e in self.topics if e.pattern is not None]
+        errors = list(self.errors)
+        for name in sorted(set(kafka_topic_names) - chosen.keys()):
+            matching = [p for p in patterns if p.matches(name)]
+            if len(matching) == 1:
+                chosen[name] = matching[0].model_copy(update={"topic": name, "pattern": None})
+            elif matching:
+                errors.append(_overlap(name, matching))
+        errors.sort(key=lambda e: (e.file, e.line or 0))
+        return LoadResult([chosen[name] for name in sorted(chosen)], errors, self.files)
+
+
+def _overlap(topic: str, patterns: list[TopicConfig]) -> TopicConfigError:
+    """The error of a topic that several patterns match, placed at the first of them."""
+    which = " and ".join(f"{p.label} ({p.written_at or 'not from a file'})" for p in patterns)
+    message = (
+        f"matched by {which}; archived by neither until one pattern matches it: narrow the "
+        "patterns, or add an exact entry for the topic (it wins over patterns)"
+    )
+    first = patterns[0]
+    return TopicConfigError(f"topic {topic!r}", "pattern", message, first._file, first._line)
 
 
 class _Entry(NamedTuple):
@@ -150,12 +186,13 @@ def _load_file(path: Path) -> tuple[list[_Entry], list[TopicConfigError]]:
     nodes = yaml_lines.child(root, "topics")
     for index, item in enumerate(items):
         label, node = _label(item, index), yaml_lines.child(nodes, index)
-        cfg, wrong = _check_entry(item, defaults, path)
+        line = yaml_lines.line(node, "")
+        cfg, wrong = _check_entry(item, defaults, path, line)
         errors += [
             error(label, field, message, _field_line(node, defaults_node, field))
             for field, message in wrong
         ]
-        entries.append(_Entry(label, path, yaml_lines.line(node, ""), cfg))
+        entries.append(_Entry(label, path, line, cfg))
     return entries, errors
 
 
@@ -167,7 +204,7 @@ def _field_line(entry: Node | None, defaults: Node | None, field: str) -> int | 
 
 
 def _check_entry(
-    item: object, defaults: dict, path: Path
+    item: object, defaults: dict, path: Path, line: int | None
 ) -> tuple[TopicConfig | None, list[tuple[str, str]]]:
     """The entry's config, or the (field, message) pairs that are wrong with it."""
     if not isinstance(item, dict):
@@ -176,27 +213,12 @@ def _check_entry(
         cfg = TopicConfig.model_validate({**defaults, **item})
     except ValidationError as err:
         return None, _errors(err)
-    cfg._base_dir = path.resolve().parent
+    cfg._base_dir, cfg._file, cfg._line = path.resolve().parent, str(path), line
     try:
         FORMATS[cfg.format].check(cfg)
     except FieldError as err:
         return None, [(err.field, str(err))]
     return cfg, []
-
-
-def resolve(entries: list[TopicConfig], kafka_topic_names: list[str]) -> list[TopicConfig]:
-    """Concrete per-topic configs, sorted by topic.
-
-    Exact entries always count (a topic may be configured before it exists) and win over
-    patterns; among patterns the first listed wins. Patterns never match internal `__` topics.
-    """
-    chosen = {e.topic: e for e in entries if e.topic is not None}
-    patterns = [e for e in entries if e.pattern is not None]
-    for name in sorted(set(kafka_topic_names) - chosen.keys()):
-        entry = next((p for p in patterns if p.matches(name)), None)
-        if entry is not None:
-            chosen[name] = entry.model_copy(update={"topic": name, "pattern": None})
-    return [chosen[name] for name in sorted(chosen)]
 
 
 def _label(entry: object, index: int) -> str:
@@ -222,8 +244,8 @@ def _errors(err: ValidationError) -> list[tuple[str, str]]:
 def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
     """The configuration of one concrete topic (exact or pattern entry); a clear error if the
     topic is not configured or its entry is invalid."""
-    loaded = load_topics(path)
-    for cfg in resolve(loaded.topics, [topic]):
+    loaded = load_topics(path).resolve([topic])
+    for cfg in loaded.topics:
         if cfg.topic == topic:
             return cfg
     own = [e for e in loaded.errors if e.entry == f"topic {topic!r}"]

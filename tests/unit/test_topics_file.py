@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cairn.config import DEFAULT_ARCHIVE_ROOT, TopicConfig
-from cairn.topics_file import load_topics, resolve
+from cairn.topics_file import LoadResult, find_topic, load_topics
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = {"type": "record", "name": "E", "fields": [{"name": "ts", "type": "long"}]}
@@ -169,26 +169,53 @@ def test_file_level_problems(tmp_path):
     }
 
 
+def resolve(entries: list[TopicConfig], names: list[str]) -> LoadResult:
+    return LoadResult(entries, [], []).resolve(names)
+
+
 def test_resolve_expands_patterns_exact_entries_win_and_internal_topics_never_match():
     exact = TopicConfig(topic="orders.eu", format="raw", generation=7)
-    first = TopicConfig(pattern=r"orders\..*", format="raw", generation=2)
-    second = TopicConfig(pattern=r".*", format="raw", generation=3)
+    orders = TopicConfig(pattern=r"orders\..*", format="raw", generation=2)
+    logs = TopicConfig(pattern=r"logs|ordersX.*", format="raw", generation=3)
     never = TopicConfig(topic="planned.topic", format="raw")
     kafka = ["orders.us", "orders.eu", "ordersXus", "__consumer_offsets", "__orders.x", "logs"]
-    resolved = resolve([exact, first, second, never], kafka)
-    got = {t.topic: t.generation for t in resolved}
+    resolved = resolve([exact, orders, logs, never], kafka)
+    assert resolved.errors == []
+    got = {t.topic: t.generation for t in resolved.topics}
     assert got == {"orders.eu": 7, "orders.us": 2, "logs": 3, "ordersXus": 3, "planned.topic": 1}
-    assert [t.topic for t in resolved] == sorted(got)
-    assert all(t.pattern is None for t in resolved)
-    # among patterns, the first listed wins
-    assert {t.topic: t.generation for t in resolve([second, first], ["orders.us"])} == {
-        "orders.us": 3
-    }
+    assert [t.topic for t in resolved.topics] == sorted(got)
+    assert all(t.pattern is None for t in resolved.topics)
+
+
+def test_a_topic_two_patterns_match_loads_from_neither_and_the_error_names_both(tmp_path):
+    """Not the first by file name: a new team's file must not take over an archived topic."""
+    (tmp_path / "a.yaml").write_text("topics:\n  - {pattern: 'orders[.].+', format: raw}\n")
+    (tmp_path / "b.yaml").write_text(
+        "topics:\n  - {topic: orders.eu, format: raw}\n  - {pattern: '.+[.]us', format: raw}\n"
+    )
+    loaded = load_topics(tmp_path)
+    assert loaded.errors == []
+
+    resolved = loaded.resolve(["orders.us", "orders.eu", "orders.uk", "logs.us"])
+
+    # the exact entry wins over both patterns; each pattern keeps its other topics
+    assert [t.topic for t in resolved.topics] == ["logs.us", "orders.eu", "orders.uk"]
+    (error,) = resolved.errors
+    assert str(error) == (
+        f"{tmp_path / 'a.yaml'}, line 2: topic 'orders.us': pattern: matched by pattern "
+        f"'orders[.].+' ({tmp_path / 'a.yaml'}, line 2) and pattern '.+[.]us' "
+        f"({tmp_path / 'b.yaml'}, line 3); archived by neither until one pattern matches it: "
+        "narrow the patterns, or add an exact entry for the topic (it wins over patterns)"
+    )
+    assert resolved.files == loaded.files
+    with pytest.raises(LookupError, match=r"topic 'orders.us': pattern: matched by pattern"):
+        find_topic("orders.us", tmp_path)
+    assert find_topic("orders.uk", tmp_path).written_at == f"{tmp_path / 'a.yaml'}, line 2"
 
 
 def test_pattern_must_match_the_whole_name():
     resolved = resolve([TopicConfig(pattern="orders", format="raw")], ["orders", "orders2"])
-    assert [t.topic for t in resolved] == ["orders"]
+    assert [t.topic for t in resolved.topics] == ["orders"]
 
 
 def test_resolved_pattern_topics_keep_their_schema(tmp_path):
@@ -202,7 +229,7 @@ def test_resolved_pattern_topics_keep_their_schema(tmp_path):
             event_time: {field: ts, encoding: epoch_millis}
         """,
     )
-    (resolved,) = resolve(load_topics(path).topics, ["events.a", "other"])
+    (resolved,) = load_topics(path).resolve(["events.a", "other"]).topics
     assert resolved.topic == "events.a" and resolved.user_schema == SCHEMA
 
 

@@ -86,9 +86,9 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
 
 def status(topics_file: str, debug: bool = False) -> int:
     """Every topic's row; a mistake in the topics files (a broken entry, a file that is not
-    YAML) or a topic whose archive cannot be read is one line on stderr, the others are still
-    shown, and the exit code is the worst problem's."""
-    loaded = load_topics(topics_file)
+    YAML, a topic two patterns match) or a topic whose archive cannot be read is one line on
+    stderr, the others are still shown, and the exit code is the worst problem's."""
+    loaded = configured_topics(load_topics(topics_file), storage_for)
     worst = USAGE if loaded.errors else OK
     for problem in loaded.errors:
         err().print(f"[yellow]misconfigured:[/] {escape(str(problem))}", soft_wrap=True)
@@ -103,7 +103,7 @@ def status(topics_file: str, debug: bool = False) -> int:
         title="Cairn topics",
         title_justify="left",
     )
-    for cfg in configured_topics(loaded.topics, storage_for):
+    for cfg in loaded.topics:
         try:
             table.add_row(*_status_row(cfg))
         except Exception as why:
