@@ -21,7 +21,7 @@ from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
 from cairn_assets import announce_dates, topic_asset
 from cairn_connections import kafka_conf, storage
-from cairn_dags import topic_doc, topics_to_build
+from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_failures import fail_fast
 from cairn_notifier import archive_deadline, check_health, notifier
 from cairn_priority import LAG_FIRST, remember_lag
@@ -147,5 +147,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in topics_to_build("archive"):
-    globals()[dag_id("archive", _cfg.topic)] = archive_dag(_cfg)
+globals().update(
+    {dag_id("archive", c.topic): archive_dag(c) for c in topics_to_build("archive")}
+    or misconfigured_run_dags("archive")  # a run in flight when its topic's entry broke
+)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 
 import yaml
-from airflow.sdk import Variable, get_parsing_context
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, Variable, get_parsing_context
+from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.config import TopicConfig
-from cairn.dag_ids import Kind, dag_id
-from cairn.topics_file import TOPICS_FILE, LoadResult, load_topics
+from cairn.dag_ids import Kind, dag_id, parse_dag_id
+from cairn.topics_file import TOPICS_FILE, LoadResult, TopicNotConfigured, find_topic, load_topics
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
@@ -64,6 +66,33 @@ def topics_to_build(kind: Kind) -> list[TopicConfig]:
     running = get_parsing_context().dag_id
     topics = configured_topics()
     return topics if running is None else [c for c in topics if dag_id(kind, c.topic) == running]
+
+
+def misconfigured_run_dags(kind: Kind) -> dict[str, DAG]:
+    """In a task process of a `kind` DAG whose topic no longer loads (its entry broke, was
+    removed, or a second pattern matches it, after the run started): a stand-in DAG of the
+    running DAG's id whose running task fails at once, without retries, with the mistake (file,
+    line, field). Without it the task finds no DAG, and Airflow puts it back to
+    up_for_reschedule for minutes (`[workers] missing_dag_retries`) before failing it with "Dag
+    not found", which names no cause. Nothing anywhere else: the DAG processor never builds it,
+    so a misconfigured topic's DAGs still leave Airflow until it is fixed."""
+    context = get_parsing_context()
+    running = parse_dag_id(context.dag_id or "")
+    if running is None or running[0] != kind or context.task_id is None:
+        return {}
+    try:
+        find_topic(running[1], TOPICS_FILE)
+    except TopicNotConfigured as err:
+        reason = f"{type(err).__name__}: {err}"
+    else:
+        return {}  # configured, but no longer with a DAG of this kind: Airflow's own handling
+
+    def fail() -> None:
+        raise AirflowFailException(reason)
+
+    with DAG(dag_id=context.dag_id, schedule=None, tags=["cairn", "misconfigured"]) as dag:
+        PythonOperator(task_id=context.task_id, python_callable=fail, retries=0)
+    return {dag.dag_id: dag}
 
 
 def topic_yaml(cfg: TopicConfig) -> str:

@@ -118,12 +118,12 @@ class CairnSparkOperator(SparkSubmitOperator):
         """More environment for the job, resolved when the task runs (secrets included)."""
 
     def execute(self, context: Any) -> None:
-        cfg = find_topic(self.topic)
         claim = commit.Claim.model_validate(self.payload["claim"])
         if "plan" in self.payload and Plan.model_validate(self.payload["plan"]).empty:
             log.info("%s only records a position: no Spark job", claim.label)
             return
         with fail_fast():
+            cfg = find_topic(self.topic)  # an entry broken since the run started fails here
             commit.check_live(storage(cfg), claim)
             kafka = kafka_conf()
             kafka.spark_options()  # a setting Spark cannot use fails here, before submitting

@@ -23,6 +23,7 @@ from yaml.nodes import Node
 
 from cairn import yaml_lines
 from cairn.config import INCLUDE_DIR, TopicConfig
+from cairn.errors import PermanentError
 from cairn.formats import FORMATS
 from cairn.formats.base import FieldError
 
@@ -241,16 +242,22 @@ def _errors(err: ValidationError) -> list[tuple[str, str]]:
     return found
 
 
+class TopicNotConfigured(PermanentError, LookupError):
+    """A topic has no valid entry (none, a broken one, or two patterns match it): nothing of it
+    can run until the topics file is fixed, and retrying will not fix it."""
+
+
 def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
-    """The configuration of one concrete topic (exact or pattern entry); a clear error if the
-    topic is not configured or its entry is invalid."""
+    """The configuration of one concrete topic (exact or pattern entry); `TopicNotConfigured`,
+    naming the entry's mistakes (file, line, field), if the topic is not configured or its
+    entry is invalid."""
     loaded = load_topics(path).resolve([topic])
     for cfg in loaded.topics:
         if cfg.topic == topic:
             return cfg
     own = [e for e in loaded.errors if e.entry == f"topic {topic!r}"]
     if own:
-        raise LookupError(f"{'; '.join(map(str, own))}; fix the entry")
+        raise TopicNotConfigured(f"{'; '.join(map(str, own))}; fix the entry")
     problems = [str(e) for e in loaded.errors]
     detail = f"; the topics files have errors: {'; '.join(problems)}" if problems else ""
-    raise LookupError(f"topic {topic!r} is not configured in {path}{detail}")
+    raise TopicNotConfigured(f"topic {topic!r} is not configured in {path}{detail}")
