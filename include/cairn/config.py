@@ -164,11 +164,12 @@ class TopicConfig(BaseModel):
     """The Kafka consumer group each commit gives the token's offsets (null: cairn.<topic>), so
     lag tools (kafka-consumer-groups, Burrow) see Cairn like a consumer."""
     commit_consumer_group: bool = True
-    """false: leave the consumer group alone (and without it no witness of a changed root)."""
+    """false: leave the consumer group alone (a changed root is then caught only by the root
+    Airflow remembers from the topic's last commit)."""
     start_new_archive: bool = False
-    """Start a new archive at archive_root although the consumer group shows the topic was
-    archived elsewhere; without it such a first run is refused as a changed or mistyped root.
-    Remove it after that run."""
+    """Start a new archive at archive_root although a witness (the consumer group, the root of
+    the topic's last commit) shows the topic was archived elsewhere; without it such a first run
+    is refused as a changed or mistyped root. Remove it after that run."""
     max_time_lag: timedelta = timedelta(hours=1)
     """Alert when the oldest record not yet archived is older than this (30m, 2h, 1d, seconds)."""
     max_quarantine_ratio: float = Field(default=0.01, ge=0, le=1)

@@ -290,3 +290,37 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
     with pytest.raises(AirflowFailException, match="line 6: topic 'orders': codec"):
         op.execute({})
     assert not calls["sessions"] and not calls["submitted"]
+
+
+def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkeypatch, tmp_path):
+    """The Variable is written only when the root changed; an unwritable Variable never fails
+    the run that committed."""
+    import cairn_root_memory
+
+    variables: dict[str, str] = {}
+    writes = []
+
+    def set_variable(key, value, description=None):
+        writes.append(key)
+        variables[key] = value
+
+    monkeypatch.setattr(
+        cairn_root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
+    )
+    monkeypatch.setattr(cairn_root_memory.Variable, "set", set_variable)
+    first = TopicConfig(topic="orders", format="raw", archive_root=f"file://{tmp_path}/a")
+    moved = first.model_copy(update={"archive_root": f"file://{tmp_path}/b"})
+
+    assert cairn_root_memory.earlier_roots(first) == {}
+    cairn_root_memory.remember_root(first)
+    cairn_root_memory.remember_root(first)
+    assert writes == ["cairn_archive_root.orders"]
+    assert cairn_root_memory.earlier_roots(first) == {}  # the same root is no witness
+    (root, opened), *more = cairn_root_memory.earlier_roots(moved).items()
+    assert not more and root == first.archive_root and opened.url == first.root.storage_url
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("api-server gone")
+
+    monkeypatch.setattr(cairn_root_memory.Variable, "set", broken)
+    cairn_root_memory.remember_root(moved)  # logged, not raised
