@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cairn.cli import main
 from cairn.cli.common import FOUND_PROBLEM, UNREACHABLE, USAGE, show_bytes
-from cairn.cli.failures import explain
+from cairn.cli.error_lines import explain
 from cairn.config import TopicConfig
 from cairn.protocol.manifest import FileEntry, Manifest
 from cairn.protocol.tokens import Token

@@ -30,7 +30,7 @@ from cairn.cli.common import (
     storage_for,
     table_counter,
 )
-from cairn.cli.failures import explain
+from cairn.cli.error_lines import explain
 from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import millis
 from cairn.formats import registries_from_env
