@@ -1,4 +1,5 @@
-"""What every per-topic DAG file shares: which topics get DAGs, and each DAG's docs.
+"""What every per-topic DAG file shares: which topics get DAGs, each DAG's docs, and the
+stand-in DAG a run of a topic misconfigured since it started fails with (`misconfigured_run_dags`).
 
 A topic's DAG of each kind is named by `cairn.dag_ids.dag_id` (`archive__orders.eu`). Pattern
 entries become topics against the topic names `cairn_discover_topics` caches in an Airflow
