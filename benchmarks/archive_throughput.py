@@ -44,13 +44,14 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
+from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run
 from cairn.protocol import manifest
 from cairn.storage.objects import Storage
+from cairn.topics_file import find_topic
 from cairn.views import status
 from cairn_stack import services
 from cairn_stack.demo import create_topic

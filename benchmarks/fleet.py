@@ -61,11 +61,12 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from croniter import croniter
 
-from cairn.config import INCLUDE_DIR, TopicConfig, load_topics
+from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.protocol import commit
 from cairn.storage.layout import head_key
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from cairn_stack import services
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.demo import create_topic, produce, sample_events

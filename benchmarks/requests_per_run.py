@@ -45,11 +45,12 @@ from archive_throughput import (
 )
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from cairn.config import TopicConfig, find_topic
+from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run, completeness
 from cairn.storage.objects import Storage
+from cairn.topics_file import find_topic
 from cairn.views import status
 from cairn_stack import services
 from cairn_stack.demo import create_topic

@@ -21,10 +21,11 @@ from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
 from cairn_assets import announce_dates, topic_asset
 from cairn_connections import kafka_conf, storage
-from cairn_dags import topic_doc, topics_to_build
+from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_failures import fail_fast
 from cairn_notifier import archive_deadline, check_health, notifier
 from cairn_priority import LAG_FIRST, remember_lag
+from cairn_root_memory import earlier_roots, remember_root
 from cairn_spark_operator import CairnSparkOperator
 from cairn_stats import report_run
 
@@ -62,7 +63,9 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             runs, so idle partitions do not hold dates back."""
             run_id = get_current_context()["run_id"]
             with fail_fast():
-                planned = archive_run.plan_run(cfg, storage(cfg), kafka_conf(), run_id)
+                planned = archive_run.plan_run(
+                    cfg, storage(cfg), kafka_conf(), run_id, lambda: earlier_roots(cfg)
+                )
             if planned is None:
                 log.info("topic %s: nothing new in Kafka; no Spark job, no token", topic)
                 remember_lag(topic, 0.0)
@@ -99,6 +102,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             log.info("run summary: %s", summary.model_dump_json(indent=2))
             report_run(cfg, summary.seq)
             remember_lag(topic, summary.time_lag_seconds)
+            remember_root(cfg)
             return summary.model_dump(mode="json")
 
         @task(task_id="check_health", retries=0)
@@ -147,5 +151,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in topics_to_build("archive"):
-    globals()[dag_id("archive", _cfg.topic)] = archive_dag(_cfg)
+globals().update(
+    {dag_id("archive", c.topic): archive_dag(c) for c in topics_to_build("archive")}
+    or misconfigured_run_dags("archive")  # a run in flight when its topic's entry broke
+)

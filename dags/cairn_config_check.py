@@ -4,14 +4,16 @@ Each error names the file, line, entry (topic or pattern) and field. Airflow rec
 errors per DAG file, and a DAG file that raises loses all its DAGs (there is no API to report an
 error and keep the DAGs, apache/airflow#55475), so the files that build DAGs build them from the
 valid entries and never raise; this file defines no DAG and fails to import exactly when the
-topics files have errors. `cairn_config_watch` alerts on the same errors.
+topics files have errors (a topic that two patterns match among Kafka's topics included).
+`cairn_config_watch` alerts on the same errors.
 """
 
 from __future__ import annotations
 
-from cairn.config import TOPICS_FILE, load_topics
+from cairn.topics_file import TOPICS_FILE
+from cairn_dags import topics_loaded
 
-_errors = load_topics(TOPICS_FILE).errors
+_errors = topics_loaded().errors
 if _errors:
     raise ValueError(
         f"{TOPICS_FILE} has {len(_errors)} error(s); the topics these describe are not "

@@ -24,7 +24,7 @@ from cairn.pipeline import completeness, rebuild
 from cairn.protocol import tokens
 from cairn_assets import announce_dates, topic_asset
 from cairn_connections import storage
-from cairn_dags import topic_doc, topics_to_build
+from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_failures import fail_fast
 from cairn_spark_operator import CairnSparkOperator
 
@@ -107,6 +107,7 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in topics_to_build("rebuild"):
-    if _cfg.parses:
-        globals()[dag_id("rebuild", _cfg.topic)] = rebuild_dag(_cfg)
+globals().update(
+    {dag_id("rebuild", c.topic): rebuild_dag(c) for c in topics_to_build("rebuild") if c.parses}
+    or misconfigured_run_dags("rebuild")  # a run in flight when its topic's entry broke
+)

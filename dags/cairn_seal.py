@@ -22,7 +22,7 @@ from cairn.errors import PermanentError
 from cairn_assets import topic_asset
 from cairn_catalog import catalog
 from cairn_connections import storage
-from cairn_dags import topic_doc, topics_to_build
+from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_failures import fail_fast
 from cairn_spark_operator import CairnSparkOperator
 
@@ -113,6 +113,7 @@ def seal_dag(cfg: TopicConfig) -> DAG:
     return dag
 
 
-for _cfg in topics_to_build("seal"):
-    if _cfg.seals:
-        globals()[dag_id("seal", _cfg.topic)] = seal_dag(_cfg)
+globals().update(
+    {dag_id("seal", c.topic): seal_dag(c) for c in topics_to_build("seal") if c.seals}
+    or misconfigured_run_dags("seal")  # a run in flight when its topic's entry broke
+)

@@ -1,4 +1,5 @@
-"""What every per-topic DAG file shares: which topics get DAGs, and each DAG's docs.
+"""What every per-topic DAG file shares: which topics get DAGs, each DAG's docs, and the
+stand-in DAG a run of a topic misconfigured since it started fails with (`misconfigured_run_dags`).
 
 A topic's DAG of each kind is named by `cairn.dag_ids.dag_id` (`archive__orders.eu`). Pattern
 entries become topics against the topic names `cairn_discover_topics` caches in an Airflow
@@ -10,10 +11,13 @@ from __future__ import annotations
 import json
 
 import yaml
-from airflow.sdk import Variable, get_parsing_context
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, Variable, get_parsing_context
+from airflow.sdk.exceptions import AirflowFailException
 
-from cairn.config import TOPICS_FILE, LoadResult, TopicConfig, load_topics, resolve
-from cairn.dag_ids import Kind, dag_id
+from cairn.config import TopicConfig
+from cairn.dag_ids import Kind, dag_id, parse_dag_id
+from cairn.topics_file import TOPICS_FILE, LoadResult, TopicNotConfigured, find_topic, load_topics
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
@@ -22,31 +26,37 @@ DISCOVERY_DELAY = "5 minutes"
 """How long a new topic that matches a pattern entry may wait for discovery (its schedule)."""
 
 
-def topics_loaded() -> LoadResult:
+def topics_written() -> LoadResult:
     """The topics file (or folder of them) as it reads now: valid entries, errors, files."""
     return load_topics(TOPICS_FILE)
 
 
+def topics_loaded() -> LoadResult:
+    """The topics to build DAGs for and every mistake: exact entries, and pattern entries
+    matched against the topic names `cairn_discover_topics` cached (never a Kafka call while
+    parsing DAG files); a topic two patterns match is a mistake (`LoadResult.resolve`)."""
+    written = topics_written()
+    known = []
+    if any(entry.pattern for entry in written.topics):
+        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
+    return written.resolve(known)
+
+
 def patterns() -> list[str]:
     """The pattern entries of the topics file (they wait for discovery; exact entries do not)."""
-    return [e.pattern for e in topics_loaded().topics if e.pattern]
+    return [e.pattern for e in topics_written().topics if e.pattern]
 
 
 def pattern_topics(kafka_topic_names: list[str]) -> list[str]:
     """The topics that pattern entries, and no exact entry, give DAGs among these names."""
-    entries = topics_loaded().topics
-    exact = {e.topic for e in entries if e.topic}
-    return [c.topic for c in resolve(entries, kafka_topic_names) if c.topic not in exact]
+    written = topics_written()
+    exact = {e.topic for e in written.topics if e.topic}
+    return [c.topic for c in written.resolve(kafka_topic_names).topics if c.topic not in exact]
 
 
 def configured_topics() -> list[TopicConfig]:
-    """The topics to build DAGs for: exact entries, and pattern entries matched against the
-    topic names `cairn_discover_topics` cached (never a Kafka call while parsing DAG files)."""
-    entries = topics_loaded().topics
-    known = []
-    if any(entry.pattern for entry in entries):
-        known = json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))
-    return resolve(entries, known)
+    """The topics to build DAGs for (`topics_loaded`)."""
+    return topics_loaded().topics
 
 
 def topics_to_build(kind: Kind) -> list[TopicConfig]:
@@ -57,6 +67,33 @@ def topics_to_build(kind: Kind) -> list[TopicConfig]:
     running = get_parsing_context().dag_id
     topics = configured_topics()
     return topics if running is None else [c for c in topics if dag_id(kind, c.topic) == running]
+
+
+def misconfigured_run_dags(kind: Kind) -> dict[str, DAG]:
+    """In a task process of a `kind` DAG whose topic no longer loads (its entry broke, was
+    removed, or a second pattern matches it, after the run started): a stand-in DAG of the
+    running DAG's id whose running task fails at once, without retries, with the mistake (file,
+    line, field). Without it the task finds no DAG, and Airflow puts it back to
+    up_for_reschedule for minutes (`[workers] missing_dag_retries`) before failing it with "Dag
+    not found", which names no cause. Nothing anywhere else: the DAG processor never builds it,
+    so a misconfigured topic's DAGs still leave Airflow until it is fixed."""
+    context = get_parsing_context()
+    running = parse_dag_id(context.dag_id or "")
+    if running is None or running[0] != kind or context.task_id is None:
+        return {}
+    try:
+        find_topic(running[1], TOPICS_FILE)
+    except TopicNotConfigured as err:
+        reason = f"{type(err).__name__}: {err}"
+    else:
+        return {}  # configured, but no longer with a DAG of this kind: Airflow's own handling
+
+    def fail() -> None:
+        raise AirflowFailException(reason)
+
+    with DAG(dag_id=context.dag_id, schedule=None, tags=["cairn", "misconfigured"]) as dag:
+        PythonOperator(task_id=context.task_id, python_callable=fail, retries=0)
+    return {dag.dag_id: dag}
 
 
 def topic_yaml(cfg: TopicConfig) -> str:

@@ -20,12 +20,13 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from cairn.config import REPO, find_topic
+from cairn.config import REPO
 from cairn.errors import PERMANENT_EXIT
 from cairn.formats import REGISTRIES_VARIABLE
 from cairn.pipeline.plan import Plan
 from cairn.protocol import commit
 from cairn.storage.objects import OPTIONS_VARIABLE
+from cairn.topics_file import find_topic
 from cairn_connect import Connected, connect_session
 from cairn_connections import kafka_conf, schema_registries, storage, storage_options
 from cairn_failures import fail_fast
@@ -117,12 +118,12 @@ class CairnSparkOperator(SparkSubmitOperator):
         """More environment for the job, resolved when the task runs (secrets included)."""
 
     def execute(self, context: Any) -> None:
-        cfg = find_topic(self.topic)
         claim = commit.Claim.model_validate(self.payload["claim"])
         if "plan" in self.payload and Plan.model_validate(self.payload["plan"]).empty:
             log.info("%s only records a position: no Spark job", claim.label)
             return
         with fail_fast():
+            cfg = find_topic(self.topic)  # an entry broken since the run started fails here
             commit.check_live(storage(cfg), claim)
             kafka = kafka_conf()
             kafka.spark_options()  # a setting Spark cannot use fails here, before submitting

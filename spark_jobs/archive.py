@@ -33,7 +33,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
-from cairn.config import TopicConfig, find_topic
+from cairn.config import TopicConfig
 from cairn.datafiles.writer import PartitionResult, write_partition
 from cairn.errors import permanent_exit
 from cairn.formats import fastpath, registries_from_env
@@ -43,6 +43,7 @@ from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
 from cairn.pipeline.plan import kafka_assign_json, kafka_json_offsets
 from cairn.protocol import commit, manifest
 from cairn.storage.objects import Storage, options_from_env
+from cairn.topics_file import find_topic
 
 # This file's functions travel to the Python workers by value, so a Spark Connect server needs
 # only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,

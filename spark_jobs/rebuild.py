@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from cairn.config import TopicConfig, find_topic
+from cairn.config import TopicConfig
 from cairn.errors import permanent_exit
 from cairn.formats import registries_from_env
 from cairn.jobs import job_args
@@ -38,6 +38,7 @@ from cairn.pipeline.rebuild import (
 )
 from cairn.protocol import commit
 from cairn.storage.objects import Storage, options_from_env
+from cairn.topics_file import find_topic
 
 # This file's functions travel to the Python workers by value, so a Spark Connect server needs
 # only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,

@@ -23,12 +23,13 @@ import pyarrow as pa
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from cairn.config import TopicConfig, find_topic
+from cairn.config import TopicConfig
 from cairn.errors import permanent_exit
 from cairn.jobs import job_args
 from cairn.pipeline.seal import FolderResult, Selection, load_selection, save_attempt, seal_folder
 from cairn.protocol import commit
 from cairn.storage.objects import Storage, options_from_env
+from cairn.topics_file import find_topic
 
 # This file's functions travel to the Python workers by value (see spark_jobs/archive.py).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -1,18 +1,13 @@
-"""Topic configuration: `include/topics.yaml`, or a folder of topics files (`topics.d/*.yaml`,
-one per team or topic), validated entry by entry with pydantic.
+"""A topic's configuration: one entry of the topics file, validated with pydantic.
 
-A mistake is reported (file, line, entry, field, message) and stops only what it describes: a
-bad entry is skipped, a file that is not YAML loses its own entries, and the other topics still
-load, so one typo does not take every topic's DAG down. Pattern entries become concrete topics
-only in `resolve`, against the topic names Kafka reports.
+`TopicConfig` is the model every part of Cairn reads; its fields' docstrings are the reference
+(`python -m cairn config-reference`). Where the entries come from, how a mistake in one is
+located and contained, and how pattern entries become topics is `cairn.topics_file`.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 import re
-from dataclasses import dataclass
 from datetime import date, timedelta, tzinfo
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +15,6 @@ from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
 from croniter import croniter
 from pydantic import (
     BaseModel,
@@ -34,9 +28,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from yaml.nodes import Node
 
-from cairn import yaml_lines
 from cairn.dag_ids import check_dag_topic
 from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
@@ -47,9 +39,6 @@ from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, date_fo
 REPO = Path(__file__).resolve().parents[2]
 INCLUDE_DIR = REPO / "include"
 DEFAULT_ARCHIVE_ROOT = (REPO / ".cairn" / "archive").as_uri()
-TOPICS_FILE = Path(os.environ.get("CAIRN_TOPICS_FILE", INCLUDE_DIR / "topics.yaml"))
-"""The topics file, or folder of topics files, that the DAGs and the Spark job read;
-`CAIRN_TOPICS_FILE` overrides it (a file or a folder, whichever it names)."""
 
 # Airflow's presets; anything else must be a five-field cron expression.
 SCHEDULE_PRESETS = {
@@ -138,8 +127,9 @@ class TopicConfig(BaseModel):
     topic: str | None = None
     """The Kafka topic this entry archives (give `topic` or `pattern`)."""
     pattern: str | None = None
-    """A regex matching whole topic names, each archived alike; internal `__` topics never match,
-    exact entries win. Kafka is asked for new matches every 5 minutes."""
+    """A regex matching whole topic names, each archived alike; internal `__` topics never match.
+    A topic entry wins over patterns; a topic two patterns match is an error. Kafka is asked for
+    new matches every 5 minutes."""
     format: str
     """How values are parsed: json, avro, or raw (verbatim backup only)."""
     event_time: EventTime | None = None
@@ -174,11 +164,12 @@ class TopicConfig(BaseModel):
     """The Kafka consumer group each commit gives the token's offsets (null: cairn.<topic>), so
     lag tools (kafka-consumer-groups, Burrow) see Cairn like a consumer."""
     commit_consumer_group: bool = True
-    """false: leave the consumer group alone (and without it no witness of a changed root)."""
+    """false: leave the consumer group alone (a changed root is then caught only by the root
+    Airflow remembers from the topic's last commit)."""
     start_new_archive: bool = False
-    """Start a new archive at archive_root although the consumer group shows the topic was
-    archived elsewhere; without it such a first run is refused as a changed or mistyped root.
-    Remove it after that run."""
+    """Start a new archive at archive_root although a witness (the consumer group, the root of
+    the topic's last commit) shows the topic was archived elsewhere; without it such a first run
+    is refused as a changed or mistyped root. Remove it after that run."""
     max_time_lag: timedelta = timedelta(hours=1)
     """Alert when the oldest record not yet archived is older than this (30m, 2h, 1d, seconds)."""
     max_quarantine_ratio: float = Field(default=0.01, ge=0, le=1)
@@ -204,6 +195,9 @@ class TopicConfig(BaseModel):
 
     # Directory `schema` is relative to: that of the topics file (include/ by default).
     _base_dir: Path = PrivateAttr(default=INCLUDE_DIR)
+    # Where the entry is written (set by `cairn.topics_file`), so errors can point at it.
+    _file: str = PrivateAttr(default="")
+    _line: int | None = PrivateAttr(default=None)
 
     @field_validator("topic")
     @classmethod
@@ -359,6 +353,11 @@ class TopicConfig(BaseModel):
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
 
     @property
+    def written_at(self) -> str:
+        """Where the entry is written, 'file, line N' (empty when it was not read from a file)."""
+        return self._file + (f", line {self._line}" if self._line else "")
+
+    @property
     def group_id(self) -> str:
         """The consumer group the token's offsets are committed to."""
         return self.consumer_group or f"cairn.{self.topic}"
@@ -395,208 +394,3 @@ class TopicConfig(BaseModel):
         if self.topic is not None:
             return topic == self.topic
         return not topic.startswith("__") and re.fullmatch(self.pattern or "", topic) is not None
-
-
-@dataclass(frozen=True)
-class TopicConfigError:
-    """One mistake in a topics file, located so it can be fixed there."""
-
-    entry: str  # "topic 'x'", "pattern 'y'", "entry #3", "defaults" or "file"
-    field: str  # dotted field path, "" when the entry as a whole is wrong
-    message: str
-    file: str = ""  # the topics file it is in
-    line: int | None = None  # 1-based, in that file
-
-    def __str__(self) -> str:
-        place = self.file + (f", line {self.line}" if self.line else "")
-        entry = "" if self.entry == "file" else self.entry
-        return ": ".join(p for p in (place, entry, self.field, self.message) if p)
-
-
-@dataclass
-class LoadResult:
-    topics: list[TopicConfig]
-    errors: list[TopicConfigError]
-    files: list[Path]
-    """Every topics file read, broken ones included (a clean file reports zero errors)."""
-
-
-class _Entry(NamedTuple):
-    """One `topics` entry as written: its label, where it is, and its config if it is valid."""
-
-    label: str
-    file: Path
-    line: int | None
-    cfg: TopicConfig | None
-
-
-def topic_files(path: Path) -> list[Path]:
-    """The files `path` names: itself, or a folder's `*.yaml`/`*.yml` files (not hidden, not in
-    subfolders) in name order, the conf.d convention."""
-    if path.is_dir():
-        return sorted(
-            p
-            for p in path.iterdir()
-            if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
-        )
-    if not path.exists():
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    return [path]
-
-
-def load_topics(path: str | Path) -> LoadResult:
-    """Load every valid entry of a topics file, or of every topics file in a folder; collect
-    what is wrong with the others, each error with its file and line.
-
-    A mistake stops only what it describes: a file that is not YAML loses its own entries, a
-    bad entry only itself. A topic (or pattern) written twice, in one file or two, loads from
-    neither place: file order is an accident, and letting one copy win would let a new file
-    quietly change where and how an archived topic is written; stopped, it is reported and its
-    archive waits untouched until one copy is removed.
-    """
-    files = topic_files(Path(path))
-    entries: list[_Entry] = []
-    errors: list[TopicConfigError] = []
-    for file in files:
-        found, wrong = _load_file(file)
-        entries += found
-        errors += wrong
-    places: dict[str, list[_Entry]] = {}
-    for entry in entries:
-        if not entry.label.startswith("entry #"):
-            places.setdefault(entry.label, []).append(entry)
-    topics = []
-    for entry in entries:
-        others = [o for o in places.get(entry.label, []) if o is not entry]
-        if others:
-            where = "; ".join(f"{o.file}, line {o.line}" for o in others)
-            message = f"also defined at {where}; neither is loaded until one is removed"
-            errors.append(TopicConfigError(entry.label, "", message, str(entry.file), entry.line))
-        elif entry.cfg is not None:
-            topics.append(entry.cfg)
-    errors.sort(key=lambda e: (e.file, e.line or 0))
-    return LoadResult(topics, errors, files)
-
-
-def _load_file(path: Path) -> tuple[list[_Entry], list[TopicConfigError]]:
-    """One file's entries and errors. `defaults` are merged into each entry shallowly (an
-    entry's `event_time` replaces the default's whole). Each entry's format then checks it
-    (`cairn.formats`), reading its schemas now so a missing or clashing .avsc is an entry error
-    here, not a failed run later."""
-
-    def error(entry: str, field: str, message: str, line: int | None) -> TopicConfigError:
-        return TopicConfigError(entry, field, message, str(path), line)
-
-    try:
-        text = path.read_text(encoding="utf-8")
-        doc, root = yaml.safe_load(text) or {}, yaml_lines.compose(text)
-    except yaml.YAMLError as err:
-        line, message = yaml_lines.error_line(err)
-        return [], [error("file", "", f"{message}; fix the file there", line)]
-    except (OSError, UnicodeDecodeError) as err:
-        return [], [error("file", "", f"cannot be read: {err}", None)]
-    if not isinstance(doc, dict):
-        return [], [error("file", "", "expected a mapping of 'defaults' and 'topics'", 1)]
-    unknown = "unknown top-level key; expected 'defaults' and 'topics'"
-    errors = [
-        error("file", str(key), unknown, yaml_lines.line(root, str(key)))
-        for key in doc
-        if key not in ("defaults", "topics")
-    ]
-    defaults, defaults_node = doc.get("defaults") or {}, yaml_lines.child(root, "defaults")
-    if not isinstance(defaults, dict) or {"topic", "pattern"} & set(defaults):
-        line = yaml_lines.line(root, "defaults")
-        errors.append(error("defaults", "", "must be a mapping without topic/pattern", line))
-        defaults = {}
-    items = doc.get("topics") or []
-    if not isinstance(items, list):
-        line = yaml_lines.line(root, "topics")
-        errors.append(error("file", "topics", "must be a list of entries", line))
-        items = []
-
-    entries = []
-    nodes = yaml_lines.child(root, "topics")
-    for index, item in enumerate(items):
-        label, node = _label(item, index), yaml_lines.child(nodes, index)
-        cfg, wrong = _check_entry(item, defaults, path)
-        errors += [
-            error(label, field, message, _field_line(node, defaults_node, field))
-            for field, message in wrong
-        ]
-        entries.append(_Entry(label, path, yaml_lines.line(node, ""), cfg))
-    return entries, errors
-
-
-def _field_line(entry: Node | None, defaults: Node | None, field: str) -> int | None:
-    """The line of `field` in the entry, or in `defaults` when only they set it."""
-    first = field.split(".")[0]
-    from_defaults = yaml_lines.child(entry, first) is None and yaml_lines.child(defaults, first)
-    return yaml_lines.line(defaults if from_defaults else entry, field)
-
-
-def _check_entry(
-    item: object, defaults: dict, path: Path
-) -> tuple[TopicConfig | None, list[tuple[str, str]]]:
-    """The entry's config, or the (field, message) pairs that are wrong with it."""
-    if not isinstance(item, dict):
-        return None, [("", "entry must be a mapping")]
-    try:
-        cfg = TopicConfig.model_validate({**defaults, **item})
-    except ValidationError as err:
-        return None, _errors(err)
-    cfg._base_dir = path.resolve().parent
-    try:
-        FORMATS[cfg.format].check(cfg)
-    except FieldError as err:
-        return None, [(err.field, str(err))]
-    return cfg, []
-
-
-def resolve(entries: list[TopicConfig], kafka_topic_names: list[str]) -> list[TopicConfig]:
-    """Concrete per-topic configs, sorted by topic.
-
-    Exact entries always count (a topic may be configured before it exists) and win over
-    patterns; among patterns the first listed wins. Patterns never match internal `__` topics.
-    """
-    chosen = {e.topic: e for e in entries if e.topic is not None}
-    patterns = [e for e in entries if e.pattern is not None]
-    for name in sorted(set(kafka_topic_names) - chosen.keys()):
-        entry = next((p for p in patterns if p.matches(name)), None)
-        if entry is not None:
-            chosen[name] = entry.model_copy(update={"topic": name, "pattern": None})
-    return [chosen[name] for name in sorted(chosen)]
-
-
-def _label(entry: object, index: int) -> str:
-    if isinstance(entry, dict):
-        for key in ("topic", "pattern"):
-            if isinstance(entry.get(key), str):
-                return f"{key} {entry[key]!r}"
-    return f"entry #{index + 1}"
-
-
-def _errors(err: ValidationError) -> list[tuple[str, str]]:
-    found = []
-    for detail in err.errors(include_url=False):
-        cause = (detail.get("ctx") or {}).get("error")
-        if isinstance(cause, FieldError):
-            found.append((cause.field, str(cause)))
-            continue
-        field = ".".join(str(p) for p in detail["loc"])
-        found.append((field, str(cause) if isinstance(cause, ValueError) else detail["msg"]))
-    return found
-
-
-def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
-    """The configuration of one concrete topic (exact or pattern entry); a clear error if the
-    topic is not configured or its entry is invalid."""
-    loaded = load_topics(path)
-    for cfg in resolve(loaded.topics, [topic]):
-        if cfg.topic == topic:
-            return cfg
-    own = [e for e in loaded.errors if e.entry == f"topic {topic!r}"]
-    if own:
-        raise LookupError(f"{'; '.join(map(str, own))}; fix the entry")
-    problems = [str(e) for e in loaded.errors]
-    detail = f"; the topics files have errors: {'; '.join(problems)}" if problems else ""
-    raise LookupError(f"topic {topic!r} is not configured in {path}{detail}")

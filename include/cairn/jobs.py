@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from cairn.config import TOPICS_FILE
+from cairn.topics_file import TOPICS_FILE
 
 
 def job_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -17,13 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from cairn import dag_ids
-from cairn.config import TopicConfig, find_topic
+from cairn.config import TopicConfig
 from cairn.pipeline.proof import read_proof
 from cairn.protocol import commit
 from cairn.storage.layout import kind_folder
 from cairn.storage.objects import Storage
 from cairn.table import iceberg
 from cairn.table.catalog import NAMESPACE, spark_table, table_name
+from cairn.topics_file import find_topic
 from cairn_stack import services, sql
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.process import StackError

@@ -15,13 +15,14 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.config import INCLUDE_DIR, TopicConfig, find_topic
+from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run, rebuild
 from cairn.protocol import rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
+from cairn.topics_file import find_topic
 from cairn.views import status
 from cairn_stack.settings import StackSettings
 from spark_jobs.archive import archive

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from cairn.config import find_topic
 from cairn.protocol import commit, tokens
 from cairn.protocol.commit import Fenced
+from cairn.topics_file import find_topic
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.config import find_topic
 from cairn.formats import REGISTRIES_VARIABLE
 from cairn.formats.avro import registry_config
+from cairn.topics_file import find_topic
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 

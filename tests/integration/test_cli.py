@@ -18,9 +18,10 @@ import pytest
 from confluent_kafka import Producer
 
 from cairn.cli import main
-from cairn.config import TopicConfig, find_topic
+from cairn.config import TopicConfig
 from cairn.protocol import commit
 from cairn.storage.objects import Storage
+from cairn.topics_file import find_topic
 from cairn_stack.demo import create_topic
 from tests.integration.conftest import DEMO_SCHEMA, Archiver, read_archive
 

@@ -25,8 +25,9 @@ print("RESULT" + json.dumps({"errors": bag.import_errors, "dags": dags}))
 """
 
 
-def parse_dags(tmp_path: Path, topics_file: Path, **extra_env: str) -> dict:
-    """Parse dags/ with Airflow's own DagBag, in a fresh interpreter with its own AIRFLOW_HOME."""
+def parse_dags(tmp_path: Path, topics_file: Path, code: str = "", **extra_env: str) -> dict:
+    """Parse dags/ with Airflow's own DagBag, in a fresh interpreter with its own AIRFLOW_HOME
+    (or run `code`, which prints its result the same way)."""
     env = {
         **extra_env,
         **os.environ,
@@ -37,7 +38,7 @@ def parse_dags(tmp_path: Path, topics_file: Path, **extra_env: str) -> dict:
         "CAIRN_TOPICS_FILE": str(topics_file),
     }
     done = subprocess.run(
-        [sys.executable, "-c", PARSE % str(REPO / "dags")],
+        [sys.executable, "-c", code or PARSE % str(REPO / "dags")],
         env=env,
         capture_output=True,
         text=True,
@@ -134,6 +135,66 @@ def test_pattern_entries_use_the_cached_topic_list(tmp_path: Path) -> None:
     assert parsed["errors"] == {}
     archives = sorted(d for d in parsed["dags"] if d.startswith("archive__"))
     assert archives == ["archive__orders.eu", "archive__orders.us"]
+
+
+def test_a_topic_two_patterns_match_is_an_import_error_naming_both(tmp_path: Path) -> None:
+    folder = tmp_path / "topics.d"
+    folder.mkdir()
+    (folder / "orders.yaml").write_text("topics:\n  - pattern: 'orders[.].+'\n    format: raw\n")
+    (folder / "us.yaml").write_text("topics:\n  - pattern: '.+[.]us'\n    format: raw\n")
+    known = '["orders.eu", "orders.us", "payments.us"]'
+
+    parsed = parse_dags(tmp_path, folder, AIRFLOW_VAR_CAIRN_KAFKA_TOPICS=known)
+
+    archives = sorted(d for d in parsed["dags"] if d.startswith("archive__"))
+    assert archives == ["archive__orders.eu", "archive__payments.us"]
+    (message,) = [m for f, m in parsed["errors"].items() if f.endswith("cairn_config_check.py")]
+    assert (
+        f"{folder / 'orders.yaml'}, line 2: topic 'orders.us': pattern: matched by pattern "
+        f"'orders[.].+' ({folder / 'orders.yaml'}, line 2) and pattern '.+[.]us' "
+        f"({folder / 'us.yaml'}, line 2); archived by neither"
+    ) in message
+
+
+RUN_TASK = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=%r)
+task = bag.dags[%r].task_dict[%r]
+try:
+    task.execute({})
+    failure = None
+except Exception as err:
+    failure = [type(err).__name__, str(err)]
+print("RESULT" + json.dumps({"errors": bag.import_errors, "retries": task.retries,
+                             "failure": failure}))
+"""
+
+
+def test_a_task_whose_topic_entry_broke_after_its_run_started_fails_at_once(
+    tmp_path: Path,
+) -> None:
+    """As a task process parses its DAG file (Airflow's parsing context names its DAG and
+    task): the topic's entry is broken, so instead of no DAG (up_for_reschedule for minutes,
+    then "Dag not found") it finds one whose task fails without retries naming the mistake."""
+    topics = tmp_path / "topics.yaml"
+    topics.write_text("topics:\n  - topic: orders\n    format: raw\n    codec: lz4\n")
+    code = RUN_TASK % (str(REPO / "dags" / "cairn_archive.py"), "archive__orders", "clean")
+
+    ran = parse_dags(
+        tmp_path,
+        topics,
+        code,
+        _AIRFLOW_PARSING_CONTEXT_DAG_ID="archive__orders",
+        _AIRFLOW_PARSING_CONTEXT_TASK_ID="clean",
+    )
+
+    assert ran["errors"] == {} and ran["retries"] == 0
+    assert ran["failure"] == [
+        "AirflowFailException",
+        f"TopicNotConfigured: {topics}, line 4: topic 'orders': codec: Input should be "
+        "'deflate', 'snappy', 'zstandard' or 'null'; fix the entry",
+    ]
 
 
 WEIGH = """

@@ -15,11 +15,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord, PartitionResult, write_partition
 from cairn.formats import fastpath
 from cairn.formats.json import MAX_DEPTH
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from spark_jobs.archive import encoded
 
 TOPIC, PARTITION = "diff.events", 2

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
+import cairn_dags
 from cairn.config import TopicConfig
 from cairn.kafka.cluster import TopicNotFound
 from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
@@ -17,6 +21,7 @@ from cairn.pipeline.rebuild import NoDates
 from cairn.protocol.commit import Conflict, Fenced
 from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.rewind import RewindRefused
+from cairn.topics_file import TopicNotConfigured
 from cairn_connect import Connected, shared_session_id
 from cairn_connections import schema_registries
 from cairn_failures import fail_fast
@@ -229,3 +234,93 @@ def test_killing_the_task_interrupts_its_runs_work_alone_and_touches_no_spark_su
     op._connected = Connected(session, "cairn-run-1", shared=True)
     op.on_kill()
     assert session.interrupted == ["cairn-run-1"]  # by the run's tag: other runs go on
+
+
+BROKEN = "topics:\n  - {topic: ok, format: raw}\n  - topic: orders\n    format: raw\n"
+BROKEN += "    codec: lz4\n"
+
+
+@pytest.mark.parametrize(("kind", "task_id"), [("archive", "plan"), ("rebuild", "select")])
+def test_a_run_whose_topic_entry_broke_fails_at_once_with_the_mistake(
+    monkeypatch, tmp_path, kind, task_id
+):
+    """A task process parsing a DAG file for a topic whose entry broke after the run started
+    gets a stand-in DAG whose task fails without retries naming file, line and field, instead
+    of no DAG (up_for_reschedule for minutes, then "Dag not found"). The DAG processor still
+    builds no DAG for the topic."""
+
+    topics = tmp_path / "topics.yaml"
+    topics.write_text(BROKEN)
+    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", topics)
+    file = str(Path(__file__).resolve().parents[2] / "dags" / f"cairn_{kind}.py")
+
+    def built() -> dict[str, DAG]:
+        return {v.dag_id: v for v in runpy.run_path(file).values() if isinstance(v, DAG)}
+
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    assert f"{kind}__orders" not in built()  # the DAG processor: gone until fixed
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", f"{kind}__orders")
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
+    (stand_in,) = built().values()
+    task = stand_in.task_dict[task_id]
+    assert stand_in.dag_id == f"{kind}__orders" and task.retries == 0
+    with pytest.raises(AirflowFailException) as failed:
+        task.execute({})
+    assert str(failed.value) == (
+        f"TopicNotConfigured: {topics}, line 5: topic 'orders': codec: Input should be "
+        "'deflate', 'snappy', 'zstandard' or 'null'; fix the entry"
+    )
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", f"{kind}__gone")  # entry removed
+    (stand_in,) = built().values()
+    with pytest.raises(AirflowFailException, match=f"topic 'gone' is not configured in {topics}"):
+        stand_in.task_dict[task_id].execute({})
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "archive__ok")
+    assert {d.dag_id for d in built().values()} == ({"archive__ok"} if kind == "archive" else set())
+
+
+def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, monkeypatch):
+    import cairn_spark_operator
+
+    op, calls, _ = spark_op(CONNECT)
+
+    def broken(topic):
+        raise TopicNotConfigured(f"topics.yaml, line 6: topic {topic!r}: codec: bad; fix it")
+
+    monkeypatch.setattr(cairn_spark_operator, "find_topic", broken)
+    with pytest.raises(AirflowFailException, match="line 6: topic 'orders': codec"):
+        op.execute({})
+    assert not calls["sessions"] and not calls["submitted"]
+
+
+def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkeypatch, tmp_path):
+    """The Variable is written only when the root changed; an unwritable Variable never fails
+    the run that committed."""
+    import cairn_root_memory
+
+    variables: dict[str, str] = {}
+    writes = []
+
+    def set_variable(key, value, description=None):
+        writes.append(key)
+        variables[key] = value
+
+    monkeypatch.setattr(
+        cairn_root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
+    )
+    monkeypatch.setattr(cairn_root_memory.Variable, "set", set_variable)
+    first = TopicConfig(topic="orders", format="raw", archive_root=f"file://{tmp_path}/a")
+    moved = first.model_copy(update={"archive_root": f"file://{tmp_path}/b"})
+
+    assert cairn_root_memory.earlier_roots(first) == {}
+    cairn_root_memory.remember_root(first)
+    cairn_root_memory.remember_root(first)
+    assert writes == ["cairn_archive_root.orders"]
+    assert cairn_root_memory.earlier_roots(first) == {}  # the same root is no witness
+    (root, opened), *more = cairn_root_memory.earlier_roots(moved).items()
+    assert not more and root == first.archive_root and opened.url == first.root.storage_url
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("api-server gone")
+
+    monkeypatch.setattr(cairn_root_memory.Variable, "set", broken)
+    cairn_root_memory.remember_root(moved)  # logged, not raised

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cairn.cli import main
 from cairn.cli.common import FOUND_PROBLEM, UNREACHABLE, USAGE, show_bytes
-from cairn.cli.failures import explain
+from cairn.cli.error_lines import explain
 from cairn.config import TopicConfig
 from cairn.protocol.manifest import FileEntry, Manifest
 from cairn.protocol.tokens import Token
@@ -19,6 +19,7 @@ from cairn.storage.layout import backup_key, manifest_key, token_key
 from cairn.storage.objects import Storage
 from cairn.views.finder import ArchiveIndex, NotArchived
 from cairn.views.replay import Range, parse_bound, plan_ranges
+from tests.unit.conftest import commit_next
 
 NOW = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)
 
@@ -168,6 +169,22 @@ def test_topics_file_mistakes_are_one_line_naming_file_line_and_field(tmp_path, 
         f"error: {topics}, line 4: topic 't': schedule: 'every minute' is neither a 5-field cron "
         "expression nor a preset; fix the entry\n"
     )
+
+
+def test_status_names_a_topic_two_patterns_match_and_shows_the_others(tmp_path, capsys) -> None:
+    """Patterns match the topics archived under their root; the overlapped one is a mistake."""
+    root = Storage(f"file://{tmp_path}/archive")
+    for topic in ("orders.eu", "orders.us"):
+        commit_next(root, {0: 1}, topic=topic)
+    topics = tmp_path / "topics.yaml"
+    topics.write_text(
+        f"defaults: {{format: raw, archive_root: '{root.url}'}}\n"
+        "topics:\n  - pattern: 'orders[.].+'\n  - pattern: '.+[.]us'\n"
+    )
+    assert main(["--topics-file", str(topics), "status"]) == 2
+    out, err = capsys.readouterr()
+    assert "orders.eu" in out and "orders.us" not in out
+    assert f"misconfigured: {topics}, line 3: topic 'orders.us': pattern: matched by" in err
 
 
 def test_debug_shows_the_traceback_instead(tmp_path) -> None:

@@ -256,7 +256,7 @@ def test_a_rewind_amends_the_dates_the_re_read_runs_write(topic, monkeypatch):
 
 
 def test_path_formats_without_a_date_folder_are_refused_unless_completeness_is_off(tmp_path):
-    from cairn.config import load_topics
+    from cairn.topics_file import load_topics
 
     entry = {
         "topic": TOPIC,

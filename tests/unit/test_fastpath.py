@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.formats import fastpath
+from cairn.topics_file import load_topics
 
 FLAT = [
     {"name": "s", "type": "string", "doc": "it's"},

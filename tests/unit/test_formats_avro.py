@@ -13,11 +13,12 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import AvroFileWriter
 from cairn.formats import REGISTRIES_VARIABLE, open_format, registries_from_env, registry_ids
 from cairn.formats.avro import AvroFormat, RegistryUnavailable, SchemaFolder, registry_config
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined, output_schema
+from cairn.topics_file import load_topics
 
 TS = datetime(2024, 6, 1, 12, 30, tzinfo=UTC)
 TS_MS = 1_717_245_000_000

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, date, datetime
 
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord
 from cairn.pipeline import completeness
+from cairn.topics_file import load_topics
 from cairn.views import overview, prometheus, status
 from cairn.views.metrics import Sample
 from tests.unit.conftest import archive_records

@@ -8,13 +8,15 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 import cairn_dags
+import cairn_notifier
 import cairn_overview
-from cairn.config import load_topics
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from cairn.views import status
 from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec
@@ -112,3 +114,32 @@ def test_a_broken_topics_file_shows_as_misconfigured_and_in_the_metrics(
     assert f'cairn_config_errors{{file="{folder / "team-b.yaml"}"}} 1.0' in scrape.text
     assert f'cairn_config_errors{{file="{folder / "shop.yaml"}"}} 0.0' in scrape.text
     assert 'cairn_offset_lag{partition="0",topic="orders.eu"}' in scrape.text
+
+
+def test_a_topic_two_patterns_match_shows_as_misconfigured_in_the_page_metrics_and_alert(
+    client, tmp_path, monkeypatch
+) -> None:
+    """Patterns resolve against the topic names discovery cached; the overlap is named with
+    both patterns wherever mistakes show, and the patterns' other topics still get DAGs."""
+    topics = tmp_path / "topics.yaml"
+    entries = json.loads(topics.read_text())["topics"]
+    entries.append({"pattern": r".+\.us", "format": "raw"})  # overlaps clicks\..+ on clicks.us
+    topics.write_text(json.dumps({"topics": entries}))
+    variables = {cairn_dags.TOPICS_VARIABLE: json.dumps(["clicks.eu", "clicks.us", "orders.us"])}
+    monkeypatch.setattr(
+        cairn_dags.Variable, "get", lambda key, default=None: variables.get(key, default)
+    )
+    monkeypatch.setattr(cairn_dags.Variable, "set", variables.__setitem__)
+    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+
+    assert "clicks.us" not in [c.topic for c in cairn_dags.configured_topics()]
+    assert {"clicks.eu", "orders.us"} <= {c.topic for c in cairn_dags.configured_topics()}
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "topic &#39;clicks.us&#39;" in page.text
+    assert "matched by pattern &#39;clicks\\\\..+&#39;" in page.text
+    assert f"pattern &#39;.+\\\\.us&#39; ({topics}, line 1)" in page.text
+    scrape = client.get("/metrics")
+    assert f'cairn_config_errors{{file="{topics}"}} 1.0' in scrape.text
+    with pytest.raises(AirflowFailException, match=r"topic 'clicks.us': pattern: matched by"):
+        cairn_notifier.check_config({})

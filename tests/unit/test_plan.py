@@ -7,8 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from cairn.config import TopicConfig
 from cairn.errors import PermanentError
+from cairn.pipeline import archive_run
 from cairn.pipeline.plan import (
+    ArchiveElsewhere,
     OffsetAheadOfKafka,
     PartitionVanished,
     Plan,
@@ -22,7 +25,8 @@ from cairn.pipeline.plan import (
     plan,
 )
 from cairn.protocol.tokens import Gap
-from tests.unit.conftest import make_token
+from cairn.storage.objects import Storage
+from tests.unit.conftest import commit_next, make_token
 
 NOW = datetime(2024, 5, 1, tzinfo=UTC)
 
@@ -223,3 +227,34 @@ def test_lag_counts_records_kafka_holds_beyond_the_position():
     watermarks = wm(p0=(0, 100), p1=(0, 5), p2=(3, 9), p3=(50, 60))
 
     assert lag({0: 10, 1: 5, 3: 20}, watermarks) == {0: 90, 1: 0, 2: 6, 3: 10}
+
+
+def test_a_first_run_at_another_root_is_refused_while_the_earlier_root_holds_tokens(tmp_path):
+    """The witness that needs no consumer group (none is asked for here: Kafka is never called):
+    the root of the topic's last commit, checked with one listing."""
+    earlier = Storage(f"file://{tmp_path}/archive")
+    cfg = TopicConfig(
+        topic="orders",
+        format="raw",
+        archive_root=f"file://{tmp_path}/typo",
+        commit_consumer_group=False,
+    )
+
+    def check(cfg: TopicConfig, roots: dict[str, Storage]) -> None:
+        archive_run.check_new_archive(cfg, None, [0], lambda: roots)  # type: ignore[arg-type]
+
+    check(cfg, {earlier.url: earlier})  # the earlier root holds nothing of it: a new archive
+    check(cfg, {})
+    commit_next(earlier, {0: 5})
+    with pytest.raises(ArchiveElsewhere) as refused:
+        check(cfg, {earlier.url: earlier})
+    assert isinstance(refused.value, PermanentError)
+    assert str(refused.value) == (
+        f"topic 'orders': archive root {cfg.archive_root} holds no tokens of it, but archive root "
+        f"{earlier.url}, where it was archived before, holds its tokens, so its archive is "
+        "elsewhere: was archive_root changed or mistyped? Point archive_root back at the "
+        "archive, or, to start a new archive here on purpose, set start_new_archive: true for "
+        "this topic (remove it after the first run)"
+    )
+    check(cfg.model_copy(update={"start_new_archive": True}), {earlier.url: earlier})
+    check(cfg.model_copy(update={"archive_root": earlier.url}), {earlier.url: earlier})

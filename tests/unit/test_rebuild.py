@@ -11,7 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 import fastavro
 import pytest
 
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import BACKUP_SCHEMA, millis
 from cairn.datafiles.writer import KafkaRecord
 from cairn.errors import PermanentError
@@ -40,6 +40,7 @@ from cairn.storage.layout import (
     partitioned_key,
 )
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from tests.unit.conftest import archive_records
 
 TOPIC = "orders"

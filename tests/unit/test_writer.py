@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import fastavro
 import pytest
 
-from cairn.config import TopicConfig, load_topics
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import read_metadata
 from cairn.datafiles.writer import (
     KafkaRecord,
@@ -32,6 +32,7 @@ from cairn.storage.layout import (
     quarantine_key,
 )
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from tests.unit.conftest import as_read
 
 TOPIC, P, GEN = "orders", 3, 2

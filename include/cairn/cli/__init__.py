@@ -32,19 +32,20 @@ import argparse
 
 from rich.markup import escape
 
-from cairn.cli import inspect, replay, tokens
+from cairn.cli import inspect_commands, replay_command, tokens_command
 from cairn.cli.common import OK, err
-from cairn.cli.failures import explain
-from cairn.config import TOPICS_FILE, TopicConfig, find_topic
+from cairn.cli.error_lines import explain
+from cairn.config import TopicConfig
+from cairn.topics_file import TOPICS_FILE, find_topic
 from cairn.views.config_reference import reference
 
 _PER_TOPIC = {
-    "files": inspect.files,
-    "find": inspect.find,
-    "cat": inspect.cat,
-    "verify": inspect.verify,
-    "replay": replay.run,
-    "tokens": tokens.run,
+    "files": inspect_commands.files,
+    "find": inspect_commands.find,
+    "cat": inspect_commands.cat,
+    "verify": inspect_commands.verify,
+    "replay": replay_command.run,
+    "tokens": tokens_command.run,
 }
 
 
@@ -59,9 +60,9 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("--topics-file", default=str(TOPICS_FILE))
     made.add_argument("--debug", action="store_true", help="on an error, show its traceback")
     groups = made.add_subparsers(dest="group", required=True)
-    inspect.add_parsers(groups)
-    replay.add_parser(groups)
-    tokens.add_parsers(groups)
+    inspect_commands.add_parsers(groups)
+    replay_command.add_parser(groups)
+    tokens_command.add_parsers(groups)
     groups.add_parser("config-reference", help="every key of a topics file")
     return made
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg: TopicConfig | None = None
     try:
         if args.group == "status":
-            return inspect.status(args.topics_file, args.debug)
+            return inspect_commands.status(args.topics_file, args.debug)
         if args.group == "config-reference":
             print(reference(), end="")
             return OK

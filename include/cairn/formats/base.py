@@ -7,7 +7,7 @@ encode with the topic's output schema (so the partitioned writer cannot fail mid
 here is format-neutral, so a new format only decodes its bytes into a record.
 
 Formats see a topic through `Topic`, the few settings they read, and never import
-`cairn.config`: the configuration asks the formats to check their entries, not the other way.
+`cairn.config`: the topics file asks the formats to check its entries, not the other way.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ through `cairn.protocol.commit.commit`, the one commit site rebuilds and seals u
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
 from cairn.protocol import commit, manifest, rewind, tokens
-from cairn.storage.layout import claims_folder, manifest_key
+from cairn.storage.layout import chain_folder, claims_folder, manifest_key
 from cairn.storage.objects import Storage
 from cairn.views import status
 
@@ -69,15 +70,30 @@ class Planned(BaseModel):
         return commit.staged(storage, self.claim)
 
 
-def check_new_archive(cfg: TopicConfig, kafka: KafkaConf, partitions: list[int]) -> None:
-    """Refuse to start an archive where the root holds nothing of the topic but its consumer
-    group, which every commit moves, says it was archived (`ArchiveElsewhere`), unless the
-    entry says `start_new_archive`. A topic whose group Cairn does not commit has no witness."""
-    if cfg.start_new_archive or not cfg.commit_consumer_group:
+EarlierRoots = Callable[[], Mapping[str, Storage]]
+"""The archive roots a topic was archived under before, opened (the Airflow edge remembers the
+root of each commit: `cairn_root_memory`); asked only before a topic's first run at a root."""
+
+
+def check_new_archive(
+    cfg: TopicConfig, kafka: KafkaConf, partitions: list[int], earlier_roots: EarlierRoots
+) -> None:
+    """Refuse to start an archive where the root holds nothing of the topic but a witness says
+    it was archived elsewhere (`ArchiveElsewhere`), unless the entry says `start_new_archive`.
+
+    Two witnesses, each one request: the topic's consumer group, which every commit moves
+    (unless `commit_consumer_group` is false), and an earlier root of the topic that still holds
+    its tokens (a listing of at most one key), which needs no consumer group.
+    """
+    if cfg.start_new_archive:
         return
-    found = cluster.group_offsets(kafka, cfg.group_id, cfg.topic, partitions)
-    if found:
-        raise ArchiveElsewhere(cfg.topic, cfg.archive_root, cfg.group_id, found)
+    if cfg.commit_consumer_group:
+        found = cluster.group_offsets(kafka, cfg.group_id, cfg.topic, partitions)
+        if found:
+            raise ArchiveElsewhere.by_group(cfg.topic, cfg.archive_root, cfg.group_id, found)
+    for root, earlier in earlier_roots().items():
+        if root != cfg.archive_root and earlier.holds_any(chain_folder(cfg.topic)):
+            raise ArchiveElsewhere.by_root(cfg.topic, cfg.archive_root, root)
 
 
 def load_planned(storage: Storage, claim_key: str) -> Planned:
@@ -85,11 +101,18 @@ def load_planned(storage: Storage, claim_key: str) -> Planned:
     return Planned.model_validate_json(storage.read(claim_key))
 
 
-def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) -> Planned | None:
+def plan_run(
+    cfg: TopicConfig,
+    storage: Storage,
+    kafka: KafkaConf,
+    run_id: str,
+    earlier_roots: EarlierRoots = dict,
+) -> Planned | None:
     """Plan and claim the next token; None when there is nothing to read or record.
 
     Settles the newest token first (`cairn.protocol.commit.settle`: a crashed commit's publication
-    is finished), so the archive is whole even when nothing new arrives.
+    is finished), so the archive is whole even when nothing new arrives. A topic's first run at
+    a root is refused if a witness says it was archived elsewhere (`check_new_archive`).
     """
     topic = cfg.topic
     token = commit.settle(storage, topic)
@@ -99,7 +122,7 @@ def plan_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: str) 
     spans = rewind.spans(storage, rewound)
     planned_before = token is None and storage.holds_any(claims_folder(topic, "archive"))
     if token is None and not any(spans.values()) and not planned_before:
-        check_new_archive(cfg, kafka, list(state.watermarks))
+        check_new_archive(cfg, kafka, list(state.watermarks), earlier_roots)
     planned = plan(
         topic,
         token,

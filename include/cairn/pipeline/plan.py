@@ -46,18 +46,33 @@ class PartitionVanished(PlanError):
 
 
 class ArchiveElsewhere(PlanError):
-    """The archive root holds nothing of a topic Kafka says was archived: a changed or mistyped
-    `archive_root` would start it again from the beginning in the wrong place."""
+    """The archive root holds nothing of a topic that a witness says was archived: a changed or
+    mistyped `archive_root` would start it again from the beginning in the wrong place.
+    `witness` says what was found ("its consumer group ... shows ...")."""
 
-    def __init__(self, topic: str, root: str, group: str, offsets: dict[int, int]) -> None:
-        shown = " ".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
+    def __init__(self, topic: str, root: str, witness: str) -> None:
         super().__init__(
-            f"topic {topic!r}: archive root {root} holds no tokens of it, but its consumer group "
-            f"{group!r} shows it was archived up to offsets {shown} (partition:offset), so its "
+            f"topic {topic!r}: archive root {root} holds no tokens of it, but {witness}, so its "
             "archive is elsewhere: was archive_root changed or mistyped? Point archive_root back "
             "at the archive, or, to start a new archive here on purpose, set start_new_archive: "
             "true for this topic (remove it after the first run)"
         )
+
+    @classmethod
+    def by_group(
+        cls, topic: str, root: str, group: str, offsets: Mapping[int, int]
+    ) -> ArchiveElsewhere:
+        shown = " ".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
+        witness = (
+            f"its consumer group {group!r} shows it was archived up to offsets {shown} "
+            "(partition:offset)"
+        )
+        return cls(topic, root, witness)
+
+    @classmethod
+    def by_root(cls, topic: str, root: str, earlier: str) -> ArchiveElsewhere:
+        witness = f"archive root {earlier}, where it was archived before, holds its tokens"
+        return cls(topic, root, witness)
 
 
 class Span(NamedTuple):

@@ -26,7 +26,7 @@ from typing import Any
 import fastavro
 from pydantic import BaseModel, ValidationError
 
-from cairn.config import TopicConfig, resolve
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import read_header
 from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
@@ -36,6 +36,7 @@ from cairn.protocol import manifest, rewind, tokens
 from cairn.protocol.manifest import FileEntry, Kind, Manifest
 from cairn.storage.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
 from cairn.storage.objects import Storage
+from cairn.topics_file import LoadResult
 
 
 class NotArchived(LookupError):
@@ -384,12 +385,13 @@ def archived_topics(storage: Storage) -> list[str]:
 
 
 def configured_topics(
-    entries: list[TopicConfig], storage_for: Callable[[TopicConfig], Storage]
-) -> list[TopicConfig]:
-    """Every concrete topic of a topics file: exact entries, and the topics that pattern
+    loaded: LoadResult, storage_for: Callable[[TopicConfig], Storage]
+) -> LoadResult:
+    """Every concrete topic of the topics files: exact entries, and the topics that pattern
     entries match among those archived under their roots (`storage_for` opens a root)."""
+    entries = loaded.topics
     names: set[str] = set()
     for root in {e.archive_root for e in entries if e.pattern is not None}:
         cfg = next(e for e in entries if e.archive_root == root)
         names |= set(archived_topics(storage_for(cfg)))
-    return resolve(entries, sorted(names))
+    return loaded.resolve(names)

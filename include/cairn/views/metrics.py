@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal, NamedTuple
 
-from cairn.config import LoadResult
 from cairn.protocol.tokens import Counts
+from cairn.topics_file import LoadResult
 from cairn.views.status import RunRecord, TopicStatus
 
 Kind = Literal["gauge", "counter"]

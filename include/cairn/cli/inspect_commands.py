@@ -30,13 +30,14 @@ from cairn.cli.common import (
     storage_for,
     table_counter,
 )
-from cairn.cli.failures import explain
-from cairn.config import TopicConfig, load_topics
+from cairn.cli.error_lines import explain
+from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import millis
 from cairn.formats import registries_from_env
 from cairn.pipeline import completeness
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import parse_data_key
+from cairn.topics_file import load_topics
 from cairn.views import status as run_status
 from cairn.views.audit import audit_date
 from cairn.views.date_check import verify_date
@@ -85,9 +86,9 @@ def add_parsers(groups: argparse._SubParsersAction) -> None:
 
 def status(topics_file: str, debug: bool = False) -> int:
     """Every topic's row; a mistake in the topics files (a broken entry, a file that is not
-    YAML) or a topic whose archive cannot be read is one line on stderr, the others are still
-    shown, and the exit code is the worst problem's."""
-    loaded = load_topics(topics_file)
+    YAML, a topic two patterns match) or a topic whose archive cannot be read is one line on
+    stderr, the others are still shown, and the exit code is the worst problem's."""
+    loaded = configured_topics(load_topics(topics_file), storage_for)
     worst = USAGE if loaded.errors else OK
     for problem in loaded.errors:
         err().print(f"[yellow]misconfigured:[/] {escape(str(problem))}", soft_wrap=True)
@@ -102,7 +103,7 @@ def status(topics_file: str, debug: bool = False) -> int:
         title="Cairn topics",
         title_justify="left",
     )
-    for cfg in configured_topics(loaded.topics, storage_for):
+    for cfg in loaded.topics:
         try:
             table.add_row(*_status_row(cfg))
         except Exception as why:
