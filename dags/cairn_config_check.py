@@ -9,9 +9,10 @@ topics files have errors. `cairn_config_watch` alerts on the same errors.
 
 from __future__ import annotations
 
-from cairn.config import TOPICS_FILE, load_topics
+from cairn.config import TOPICS_FILE
+from cairn_dags import topics_loaded
 
-_errors = load_topics(TOPICS_FILE).errors
+_errors = topics_loaded().errors
 if _errors:
     raise ValueError(
         f"{TOPICS_FILE} has {len(_errors)} error(s); the topics these describe are not "

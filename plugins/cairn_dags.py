@@ -12,7 +12,14 @@ import json
 import yaml
 from airflow.sdk import Variable, get_parsing_context
 
-from cairn.config import TOPICS_FILE, LoadResult, TopicConfig, load_topics, resolve
+from cairn.config import (
+    TOPICS_FILE,
+    LoadResult,
+    TopicConfig,
+    TopicConfigError,
+    load_topics,
+    resolve,
+)
 from cairn.dag_ids import Kind, dag_id
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
@@ -23,8 +30,15 @@ DISCOVERY_DELAY = "5 minutes"
 
 
 def topics_loaded() -> LoadResult:
-    """The topics file (or folder of them) as it reads now: valid entries, errors, files."""
-    return load_topics(TOPICS_FILE)
+    """The topics file (or folder of them) as it reads now: valid entries, errors, files. A
+    missing one is an error of its own (no topics), so the pages, metrics and alerts say so
+    instead of failing."""
+    try:
+        return load_topics(TOPICS_FILE)
+    except FileNotFoundError:
+        missing = "no such file or folder; create it, or point CAIRN_TOPICS_FILE at the topics"
+        error = TopicConfigError("file", "", missing, str(TOPICS_FILE))
+        return LoadResult([], [error], [TOPICS_FILE])
 
 
 def patterns() -> list[str]:

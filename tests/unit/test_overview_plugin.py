@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from fastapi import FastAPI
@@ -19,6 +20,8 @@ from cairn.views import status
 from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec
 from tests.unit.test_status import record
+
+REAL_READABLE_TOPICS = cairn_overview.readable_topics
 
 
 @pytest.fixture
@@ -112,3 +115,25 @@ def test_a_broken_topics_file_shows_as_misconfigured_and_in_the_metrics(
     assert f'cairn_config_errors{{file="{folder / "team-b.yaml"}"}} 1.0' in scrape.text
     assert f'cairn_config_errors{{file="{folder / "shop.yaml"}"}} 0.0' in scrape.text
     assert 'cairn_offset_lag{partition="0",topic="orders.eu"}' in scrape.text
+
+
+def test_a_missing_topics_file_shows_as_misconfigured_and_in_the_metrics(
+    client, tmp_path, monkeypatch
+) -> None:
+    """`CAIRN_TOPICS_FILE` naming nothing: the pages still render and say so."""
+    missing = tmp_path / "no-such-topics.d"
+    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", missing)
+    monkeypatch.setattr(cairn_overview, "readable_topics", REAL_READABLE_TOPICS)
+    anyone = SimpleNamespace(is_authorized_dag=lambda **_: True)
+    monkeypatch.setattr(cairn_overview, "get_auth_manager", lambda: anyone)
+    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+
+    page = client.get("/")
+    assert page.status_code == 200
+    assert f"<code>{missing}</code>" in page.text
+    assert "no such file or folder; create it, or point CAIRN_TOPICS_FILE" in page.text
+    assert "No topics configured" in page.text
+
+    scrape = client.get("/metrics")
+    assert scrape.status_code == 200
+    assert f'cairn_config_errors{{file="{missing}"}} 1.0' in scrape.text
