@@ -185,6 +185,7 @@ def links(cfg: TopicConfig) -> dict[str, str | None]:
     return {
         "archive_dag": f"/dags/{dag_id('archive', cfg.topic)}",
         "rebuild_dag": f"/dags/{dag_id('rebuild', cfg.topic)}" if cfg.parses else None,
+        "seal_dag": f"/dags/{dag_id('seal', cfg.topic)}" if cfg.seals else None,
         "root": f"{cfg.root.storage_url}/partitioned/{cfg.topic}/",
     }
 

@@ -65,6 +65,8 @@ def test_index_lists_every_topic_and_isolates_a_broken_one(client) -> None:
     assert 'data-topic="orders.eu"' in page.text and "<svg" in page.text  # the lag trend
     assert "archive unreadable: PermissionError: no access to the bucket" in page.text
     assert 'href="/dags/archive__orders.eu"' in page.text
+    assert 'href="/dags/rebuild__orders.eu"' in page.text
+    assert 'href="/dags/seal__orders.eu">seal DAG</a>' in page.text
     assert "Pattern entries (<code>clicks\\..+</code>)" in page.text
     assert "up to 5 minutes after it is created" in page.text
 
@@ -74,6 +76,7 @@ def test_topic_page_shows_runs_and_configuration(client) -> None:
     assert page.status_code == 200
     assert "Recent runs" in page.text and "run2" in page.text
     assert "topic: orders.eu" in page.text  # the configuration as YAML
+    assert 'href="/dags/seal__orders.eu">seal DAG</a>' in page.text
     assert client.get("/topics/unknown").status_code == 404
 
 
