@@ -12,7 +12,9 @@ Access (nothing is served without it):
 - pages: the UI's login, as Airflow's own API checks it (`get_user`: the `_token` cookie the UI
   sets, or an `Authorization: Bearer` JWT). No valid login: a 302 to Airflow's login page
   (which returns here), with no data. A topic is shown only to users who may read its archive
-  DAG (the auth manager's `is_authorized_dag`), so Airflow's DAG permissions decide.
+  DAG (the auth manager's `is_authorized_dag`), so Airflow's DAG permissions decide; so is a
+  mistake in its entry, and a mistake that names no topic (a pattern, a file that does not
+  parse) only to users who may read every DAG.
 - metrics: the same login, or, since scrapers cannot log in, the static bearer token set in the
   api-server's `CAIRN_METRICS_TOKEN` environment variable (Prometheus `authorization:
   credentials_file`), compared in constant time. Unset: only logged-in users and clients
@@ -21,6 +23,7 @@ Access (nothing is served without it):
 
 from __future__ import annotations
 
+import ast
 import hmac
 import logging
 import os
@@ -42,7 +45,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from sqlalchemy import select
 
-from cairn.config import TopicConfig
+from cairn.config import TopicConfig, TopicConfigError
 from cairn.dag_ids import dag_id
 from cairn.views import metrics, overview, prometheus, status
 from cairn_connections import storage
@@ -85,19 +88,40 @@ async def metrics_reader(
     return await get_user(request, None, bearer)
 
 
+def may_read(user: BaseUser | None, topic: str | None) -> bool:
+    """Whether `user` may read `topic`'s archive DAG, or every DAG when `topic` is None (the
+    auth manager's `is_authorized_dag` without details); the scrape token (None) reads all."""
+    if user is None:
+        return True
+    details = None if topic is None else DagDetails(id=dag_id("archive", topic))
+    return get_auth_manager().is_authorized_dag(method="GET", user=user, details=details)
+
+
 def readable_topics(user: BaseUser | None) -> list[TopicConfig]:
     """The configured topics whose archive DAG `user` may read (all for the scrape token)."""
-    topics = configured_topics()
-    if user is None:
-        return topics
-    manager = get_auth_manager()
-    return [
-        cfg
-        for cfg in topics
-        if manager.is_authorized_dag(
-            method="GET", user=user, details=DagDetails(id=dag_id("archive", cfg.topic))
-        )
-    ]
+    return [cfg for cfg in configured_topics() if may_read(user, cfg.topic)]
+
+
+def readable_errors(
+    user: BaseUser | None, errors: list[TopicConfigError]
+) -> list[TopicConfigError]:
+    """The topics files' mistakes `user` may see: one in a topic's entry to whoever may read
+    that topic's archive DAG (as its row would show); any other (a pattern, an entry without a
+    topic, `defaults`, a file that does not parse) may describe any topic, so only to whoever
+    may read every DAG."""
+    return [e for e in errors if may_read(user, entry_topic(e))]
+
+
+def entry_topic(error: TopicConfigError) -> str | None:
+    """The topic an error's entry names (`topic 'orders.eu'`); None for any other entry."""
+    kind, _, name = error.entry.partition(" ")
+    if kind != "topic":
+        return None
+    try:
+        topic = ast.literal_eval(name)
+    except (ValueError, SyntaxError):
+        return None
+    return topic if isinstance(topic, str) else None
 
 
 app = FastAPI(title="Cairn", docs_url=None, redoc_url=None, openapi_url=None)
@@ -126,7 +150,7 @@ def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
     return render(
         "index.html",
         rows=rows,
-        misconfigured=topics_loaded().errors,
+        misconfigured=readable_errors(user, topics_loaded().errors),
         now=datetime.now(UTC),
         patterns=patterns(),
         discovery_delay=DISCOVERY_DELAY,

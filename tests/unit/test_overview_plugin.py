@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 import cairn_dags
 import cairn_overview
-from cairn.config import load_topics
+from cairn.config import TopicConfigError, load_topics
 from cairn.storage.objects import Storage
 from cairn.views import status
 from tests.unit.conftest import archive_records
@@ -52,6 +52,7 @@ def client(tmp_path, monkeypatch) -> TestClient:
         return Storage(cfg.root.storage_url)
 
     monkeypatch.setattr(cairn_overview, "readable_topics", lambda user: topics)
+    monkeypatch.setattr(cairn_overview, "may_read", lambda user, topic: True)
     monkeypatch.setattr(cairn_overview, "storage", storage)
     monkeypatch.setattr(cairn_overview, "recent_runs", lambda dag_id, limit: [])
     cairn_overview.app.dependency_overrides[cairn_overview.page_user] = lambda: object()
@@ -140,3 +141,37 @@ def test_a_missing_topics_file_shows_as_misconfigured_and_in_the_metrics(
     scrape = client.get("/metrics")
     assert scrape.status_code == 200
     assert f'cairn_config_errors{{file="{missing}"}} 1.0' in scrape.text
+
+
+def test_misconfigured_entries_show_only_to_users_who_may_read_what_they_describe(
+    monkeypatch,
+) -> None:
+    """A topic's entry follows its archive DAG's permission; an error that names no topic
+    (pattern, unnamed entry, defaults, a broken file) needs permission on every DAG."""
+    errors = [
+        TopicConfigError("topic 'orders.eu'", "seal", "bad", "a.yaml", 3),
+        TopicConfigError("topic 'clicks'", "", "also defined at b.yaml", "a.yaml", 9),
+        TopicConfigError("pattern 'orders\\..+'", "format", "bad", "a.yaml", 12),
+        TopicConfigError("entry #4", "", "needs topic or pattern", "a.yaml", 15),
+        TopicConfigError("file", "", "not valid YAML", "b.yaml", 2),
+    ]
+
+    class AuthManager:
+        def __init__(self, dags: set[str] | None) -> None:
+            self.dags = dags  # None: every DAG
+
+        def is_authorized_dag(self, *, method, user, details=None) -> bool:
+            assert method == "GET" and user == "someone"
+            if details is None:
+                return self.dags is None
+            return self.dags is None or details.id in self.dags
+
+    def seen(dags: set[str] | None) -> list[str]:
+        monkeypatch.setattr(cairn_overview, "get_auth_manager", lambda: AuthManager(dags))
+        return [e.entry for e in cairn_overview.readable_errors("someone", errors)]
+
+    assert seen({"archive__orders.eu"}) == ["topic 'orders.eu'"]
+    assert seen({"archive__clicks", "rebuild__orders.eu"}) == ["topic 'clicks'"]
+    assert seen(set()) == []
+    assert seen(None) == [e.entry for e in errors]
+    assert cairn_overview.readable_errors(None, errors) == errors  # the scrape token
