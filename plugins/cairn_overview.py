@@ -1,10 +1,12 @@
 """Cairn's pages in the Airflow UI and its Prometheus endpoint: a FastAPI app the api-server
 mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
 
-- `/cairn/` lists every configured topic (`/cairn` redirects there), and every mistake in the
-  topics files (file, line, entry, field) as a misconfigured topic; `/cairn/topics/<topic>`
-  shows one topic. Both render server-side HTML from `cairn.views.overview` (the archive's own
-  records) plus the Airflow runs' states; nothing runs in the browser.
+- `/cairn/` lists every configured topic (`/cairn` redirects there), with the cause of its
+  last archive run if that failed on an error a retry cannot heal (`cairn_failures`), and every
+  mistake in the topics files (file, line, entry, field) as a misconfigured topic;
+  `/cairn/topics/<topic>` shows one topic. Both render server-side HTML from
+  `cairn.views.overview` (the archive's own records) plus the Airflow runs' states; nothing
+  runs in the browser.
 - `/cairn/metrics` serves `cairn.views.metrics.samples` of every topic, and the mistakes per
   topics file (`cairn_config_errors{file=...}`), in Prometheus' text format.
 
@@ -36,8 +38,10 @@ from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
 from airflow.plugins_manager import AirflowPlugin
 from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
@@ -50,6 +54,7 @@ from cairn.dag_ids import dag_id
 from cairn.views import metrics, overview, prometheus, status
 from cairn_connections import storage
 from cairn_dags import DISCOVERY_DELAY, configured_topics, patterns, topic_yaml, topics_loaded
+from cairn_failures import CAUSE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +146,7 @@ def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
     for cfg in topics:
         row: dict[str, Any] = {"cfg": cfg, "links": links(cfg)}
         row["airflow_run"] = last_runs.get(dag_id("archive", cfg.topic))
+        row["failure"] = last_failure(dag_id("archive", cfg.topic))
         try:
             row["view"] = overview.topic_overview(storage(cfg), cfg)
         except Exception as err:  # one unreadable archive must not hide the others
@@ -195,6 +201,22 @@ def latest_runs(dag_ids: list[str]) -> dict[str, dict[str, Any]]:
         if runs:
             found[each] = runs[0]
     return found
+
+
+def last_failure(dag_id: str) -> str | None:
+    """Why the DAG's newest finished run failed, if it failed on an error a retry cannot heal
+    (the cause `cairn_failures.fail_fast` kept); None once a later run succeeded."""
+    finished = DagRun.state.in_((DagRunState.SUCCESS, DagRunState.FAILED))
+    newest = select(DagRun.id, DagRun.state).where(DagRun.dag_id == dag_id, finished)
+    with create_session() as session:
+        run = session.execute(newest.order_by(DagRun.id.desc()).limit(1)).first()
+        if run is None or run.state != DagRunState.FAILED:
+            return None
+        cause = select(XComModel.value).where(
+            XComModel.dag_run_id == run.id, XComModel.key == CAUSE_KEY
+        )
+        found = session.execute(cause.limit(1)).first()
+        return None if found is None else str(XComModel.deserialize_value(found))
 
 
 def recent_runs(dag_id: str, limit: int) -> list[dict[str, Any]]:

@@ -55,6 +55,7 @@ def client(tmp_path, monkeypatch) -> TestClient:
     monkeypatch.setattr(cairn_overview, "may_read", lambda user, topic: True)
     monkeypatch.setattr(cairn_overview, "storage", storage)
     monkeypatch.setattr(cairn_overview, "recent_runs", lambda dag_id, limit: [])
+    monkeypatch.setattr(cairn_overview, "last_failure", lambda dag_id: None)
     cairn_overview.app.dependency_overrides[cairn_overview.page_user] = lambda: object()
     yield TestClient(cairn_overview.app)
     cairn_overview.app.dependency_overrides.clear()
@@ -119,6 +120,18 @@ def test_a_broken_topics_file_shows_as_misconfigured_and_in_the_metrics(
     assert f'cairn_config_errors{{file="{folder / "team-b.yaml"}"}} 1.0' in scrape.text
     assert f'cairn_config_errors{{file="{folder / "shop.yaml"}"}} 0.0' in scrape.text
     assert 'cairn_offset_lag{partition="0",topic="orders.eu"}' in scrape.text
+
+
+def test_the_cause_of_a_topics_last_failed_run_shows_beside_it(client, monkeypatch) -> None:
+    cause = "ConnectionMissing: topic 'orders.eu': no Airflow connection 'archive_s3'"
+    causes = {"archive__orders.eu": cause}
+    monkeypatch.setattr(cairn_overview, "last_failure", causes.get)
+
+    page = client.get("/")
+
+    row = page.text[page.text.index('data-topic="orders.eu"') :]
+    assert "last failed run: ConnectionMissing: topic &#39;orders.eu&#39;: no Airflow" in row
+    assert page.text.count("last failed run:") == 1  # the other topic's last run did not fail
 
 
 def test_a_missing_topics_file_shows_as_misconfigured_and_in_the_metrics(
