@@ -123,14 +123,14 @@ def test_a_broken_topics_file_shows_as_misconfigured_and_in_the_metrics(
 
 
 def test_the_cause_of_a_topics_last_failed_run_shows_beside_it(client, monkeypatch) -> None:
-    cause = "ConnectionMissing: topic 'orders.eu': no Airflow connection 'archive_s3'"
-    causes = {"archive__orders.eu": cause}
+    cause = "ConnectionMissing: topic 'broken': no Airflow connection 'archive_s3'"
+    causes = {"archive__broken": cause}
     monkeypatch.setattr(cairn_overview, "last_failure", causes.get)
 
     page = client.get("/")
 
-    row = page.text[page.text.index('data-topic="orders.eu"') :]
-    assert "last failed run: ConnectionMissing: topic &#39;orders.eu&#39;: no Airflow" in row
+    row = page.text[page.text.index('data-topic="broken"') :]  # its archive unreadable too
+    assert "last failed run: ConnectionMissing: topic &#39;broken&#39;: no Airflow" in row
     assert page.text.count("last failed run:") == 1  # the other topic's last run did not fail
 
 
