@@ -19,7 +19,7 @@ from cairn.formats import registry_ids
 from cairn.formats.avro import registry_config
 from cairn.kafka.connection import KafkaConf, KafkaConfigError
 from cairn.storage.objects import Storage
-from cairn.storage.s3_access import connection_options
+from cairn.storage.s3_access import ConnectionMissing, connection_options
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
 
@@ -44,7 +44,7 @@ def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, A
     hook = AwsBaseHook(aws_conn_id=root.conn_id, client_type="s3")
     conn = hook.conn_config
     if not conn:  # the provider would fall back to the worker's own credentials
-        raise ValueError(f"topic {cfg.topic!r}: no Airflow connection {root.conn_id!r}")
+        raise ConnectionMissing(cfg.topic, root.conn_id)
     return connection_options(
         root.conn_id,
         conn.extra_config,

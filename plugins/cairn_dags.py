@@ -17,7 +17,14 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import Kind, dag_id, parse_dag_id
-from cairn.topics_file import TOPICS_FILE, LoadResult, TopicNotConfigured, find_topic, load_topics
+from cairn.topics_file import (
+    TOPICS_FILE,
+    LoadResult,
+    TopicConfigError,
+    TopicNotConfigured,
+    find_topic,
+    load_topics,
+)
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
@@ -27,8 +34,15 @@ DISCOVERY_DELAY = "5 minutes"
 
 
 def topics_written() -> LoadResult:
-    """The topics file (or folder of them) as it reads now: valid entries, errors, files."""
-    return load_topics(TOPICS_FILE)
+    """The topics file (or folder of them) as it reads now: valid entries, errors, files. A
+    missing one is an error of its own (no topics), so the pages, metrics and alerts say so
+    instead of failing."""
+    try:
+        return load_topics(TOPICS_FILE)
+    except FileNotFoundError:
+        missing = "no such file or folder; create it, or point CAIRN_TOPICS_FILE at the topics"
+        error = TopicConfigError("file", "", missing, str(TOPICS_FILE))
+        return LoadResult([], [error], [TOPICS_FILE])
 
 
 def topics_loaded() -> LoadResult:

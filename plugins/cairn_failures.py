@@ -1,19 +1,29 @@
 """Which task failures are retried: only those that waiting can heal.
 
-A retention gap, a fenced-out attempt, a failed verification, a recreated or missing topic, or a
-run that names no dates or a reversed range (`cairn.errors.PermanentError`) fail the same way on
-every retry, and every retry delays the person who has to act; a broker or S3 hiccup is retried
-as usual.
+A retention gap, a fenced-out attempt, a failed verification, a recreated or missing topic, a
+missing connection, or a run that names no dates or a reversed range
+(`cairn.errors.PermanentError`) fail the same way on every retry, and every retry delays the
+person who has to act; a broker or S3 hiccup is retried as usual.
+
+The cause is also kept as the task's `CAUSE_KEY` XCom, so the overview page can say why a
+topic's last run failed without anyone opening its log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
+from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.errors import PermanentError
+
+log = logging.getLogger(__name__)
+
+CAUSE_KEY = "cairn_failure"
+"""XCom key of a permanent failure's one-line cause (`ErrorClass: message`)."""
 
 
 @contextlib.contextmanager
@@ -23,4 +33,15 @@ def fail_fast() -> Iterator[None]:
     try:
         yield
     except PermanentError as err:
-        raise AirflowFailException(f"{type(err).__name__}: {err}") from err
+        cause = f"{type(err).__name__}: {err}"
+        _keep(cause)
+        raise AirflowFailException(cause) from err
+
+
+def _keep(cause: str) -> None:
+    """Store `cause`, on one line, as the running task's XCom; best effort (outside a task
+    there is none)."""
+    try:
+        get_current_context()["ti"].xcom_push(CAUSE_KEY, " ".join(cause.split()))
+    except Exception:  # the failure itself must still be raised as it is
+        log.warning("the failure's cause was not kept for the overview page", exc_info=True)

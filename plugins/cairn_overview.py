@@ -1,10 +1,12 @@
 """Cairn's pages in the Airflow UI and its Prometheus endpoint: a FastAPI app the api-server
 mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
 
-- `/cairn/` lists every configured topic (`/cairn` redirects there), and every mistake in the
-  topics files (file, line, entry, field) as a misconfigured topic; `/cairn/topics/<topic>`
-  shows one topic. Both render server-side HTML from `cairn.views.overview` (the archive's own
-  records) plus the Airflow runs' states; nothing runs in the browser.
+- `/cairn/` lists every configured topic (`/cairn` redirects there), with the cause of its
+  last archive run if that failed on an error a retry cannot heal (`cairn_failures`), and every
+  mistake in the topics files (file, line, entry, field) as a misconfigured topic;
+  `/cairn/topics/<topic>` shows one topic. Both render server-side HTML from
+  `cairn.views.overview` (the archive's own records) plus the Airflow runs' states; nothing
+  runs in the browser.
 - `/cairn/metrics` serves `cairn.views.metrics.samples` of every topic, and the mistakes per
   topics file (`cairn_config_errors{file=...}`), in Prometheus' text format.
 
@@ -12,7 +14,9 @@ Access (nothing is served without it):
 - pages: the UI's login, as Airflow's own API checks it (`get_user`: the `_token` cookie the UI
   sets, or an `Authorization: Bearer` JWT). No valid login: a 302 to Airflow's login page
   (which returns here), with no data. A topic is shown only to users who may read its archive
-  DAG (the auth manager's `is_authorized_dag`), so Airflow's DAG permissions decide.
+  DAG (the auth manager's `is_authorized_dag`), so Airflow's DAG permissions decide; so is a
+  mistake in its entry, and a mistake that names no topic (a pattern, a file that does not
+  parse) only to users who may read every DAG.
 - metrics: the same login, or, since scrapers cannot log in, the static bearer token set in the
   api-server's `CAIRN_METRICS_TOKEN` environment variable (Prometheus `authorization:
   credentials_file`), compared in constant time. Unset: only logged-in users and clients
@@ -21,6 +25,7 @@ Access (nothing is served without it):
 
 from __future__ import annotations
 
+import ast
 import hmac
 import logging
 import os
@@ -33,8 +38,10 @@ from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
 from airflow.plugins_manager import AirflowPlugin
 from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
@@ -44,9 +51,11 @@ from sqlalchemy import select
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
+from cairn.topics_file import TopicConfigError
 from cairn.views import metrics, overview, prometheus, status
 from cairn_connections import storage
 from cairn_dags import DISCOVERY_DELAY, configured_topics, patterns, topic_yaml, topics_loaded
+from cairn_failures import CAUSE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +94,40 @@ async def metrics_reader(
     return await get_user(request, None, bearer)
 
 
+def may_read(user: BaseUser | None, topic: str | None) -> bool:
+    """Whether `user` may read `topic`'s archive DAG, or every DAG when `topic` is None (the
+    auth manager's `is_authorized_dag` without details); the scrape token (None) reads all."""
+    if user is None:
+        return True
+    details = None if topic is None else DagDetails(id=dag_id("archive", topic))
+    return get_auth_manager().is_authorized_dag(method="GET", user=user, details=details)
+
+
 def readable_topics(user: BaseUser | None) -> list[TopicConfig]:
     """The configured topics whose archive DAG `user` may read (all for the scrape token)."""
-    topics = configured_topics()
-    if user is None:
-        return topics
-    manager = get_auth_manager()
-    return [
-        cfg
-        for cfg in topics
-        if manager.is_authorized_dag(
-            method="GET", user=user, details=DagDetails(id=dag_id("archive", cfg.topic))
-        )
-    ]
+    return [cfg for cfg in configured_topics() if may_read(user, cfg.topic)]
+
+
+def readable_errors(
+    user: BaseUser | None, errors: list[TopicConfigError]
+) -> list[TopicConfigError]:
+    """The topics files' mistakes `user` may see: one in a topic's entry to whoever may read
+    that topic's archive DAG (as its row would show); any other (a pattern, an entry without a
+    topic, `defaults`, a file that does not parse) may describe any topic, so only to whoever
+    may read every DAG."""
+    return [e for e in errors if may_read(user, entry_topic(e))]
+
+
+def entry_topic(error: TopicConfigError) -> str | None:
+    """The topic an error's entry names (`topic 'orders.eu'`); None for any other entry."""
+    kind, _, name = error.entry.partition(" ")
+    if kind != "topic":
+        return None
+    try:
+        topic = ast.literal_eval(name)
+    except (ValueError, SyntaxError):
+        return None
+    return topic if isinstance(topic, str) else None
 
 
 app = FastAPI(title="Cairn", docs_url=None, redoc_url=None, openapi_url=None)
@@ -117,6 +147,7 @@ def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
     for cfg in topics:
         row: dict[str, Any] = {"cfg": cfg, "links": links(cfg)}
         row["airflow_run"] = last_runs.get(dag_id("archive", cfg.topic))
+        row["failure"] = last_failure(dag_id("archive", cfg.topic))
         try:
             row["view"] = overview.topic_overview(storage(cfg), cfg)
         except Exception as err:  # one unreadable archive must not hide the others
@@ -126,7 +157,7 @@ def index(user: Annotated[BaseUser, Depends(page_user)]) -> HTMLResponse:
     return render(
         "index.html",
         rows=rows,
-        misconfigured=topics_loaded().errors,
+        misconfigured=readable_errors(user, topics_loaded().errors),
         now=datetime.now(UTC),
         patterns=patterns(),
         discovery_delay=DISCOVERY_DELAY,
@@ -173,6 +204,22 @@ def latest_runs(dag_ids: list[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def last_failure(dag_id: str) -> str | None:
+    """Why the DAG's newest finished run failed, if it failed on an error a retry cannot heal
+    (the cause `cairn_failures.fail_fast` kept); None once a later run succeeded."""
+    finished = DagRun.state.in_((DagRunState.SUCCESS, DagRunState.FAILED))
+    newest = select(DagRun.id, DagRun.state).where(DagRun.dag_id == dag_id, finished)
+    with create_session() as session:
+        run = session.execute(newest.order_by(DagRun.id.desc()).limit(1)).first()
+        if run is None or run.state != DagRunState.FAILED:
+            return None
+        cause = select(XComModel.value).where(
+            XComModel.dag_run_id == run.id, XComModel.key == CAUSE_KEY
+        )
+        found = session.execute(cause.limit(1)).first()
+        return None if found is None else str(XComModel.deserialize_value(found))
+
+
 def recent_runs(dag_id: str, limit: int) -> list[dict[str, Any]]:
     """The DAG's newest Airflow runs: id, type, state, start and end."""
     columns = (DagRun.run_id, DagRun.run_type, DagRun.state, DagRun.start_date, DagRun.end_date)
@@ -185,6 +232,7 @@ def links(cfg: TopicConfig) -> dict[str, str | None]:
     return {
         "archive_dag": f"/dags/{dag_id('archive', cfg.topic)}",
         "rebuild_dag": f"/dags/{dag_id('rebuild', cfg.topic)}" if cfg.parses else None,
+        "seal_dag": f"/dags/{dag_id('seal', cfg.topic)}" if cfg.seals else None,
         "root": f"{cfg.root.storage_url}/partitioned/{cfg.topic}/",
     }
 

@@ -1,15 +1,20 @@
 """Through the real Airflow 3 scheduler, with the Spark connection pointing at the Spark Connect
 server and the archive on S3: a triggered run archives the topic, and a run stopped by the
 per-run cap triggers the next one at once until the backlog is drained; the rebuild DAG runs
-by backfill, by clearing, and by a REST trigger with no logical date."""
+by backfill, by clearing, and by a REST trigger with no logical date; the README's REST
+examples and seal loop run as written; a root without its AWS connection fails at once, its
+cause on the overview page."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote
@@ -19,12 +24,13 @@ from cairn.storage.objects import Storage
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce, sample_events
 from tests.conftest import E2E_FIXED, E2E_PREFIX, E2E_TOPIC, e2e_topics
-from tests.integration.conftest import coords, read_archive
+from tests.integration.conftest import coords, read_archive, stack_env
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once
 from tests.integration.test_rebuild import NOON as REBUILD_NOON
 from tests.integration.test_rebuild import folders_of, sent_late
 
 DAG_ID = "archive__e2e.orders"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
@@ -197,6 +203,131 @@ def test_the_readme_backfill_command_rebuilds_a_date_that_already_has_a_run(
     assert first >= 1
     assert backfill("--reprocess-behavior", "completed") == first + 1
     assert backfill() == first + 1  # `none`, the default: the date has a run, nothing happens
+
+
+def test_the_readme_rest_examples_trigger_each_dag_kind(airflow, kafka, s3, stack_settings):
+    """README "Triggering through the REST API", run by bash as written (the stack's address,
+    and this stack's topic and dates in place of the demo's): an archive, a rebuild and a seal
+    run, each with no logical date, all succeed."""
+    dag_id = archive_fixed(airflow, kafka)
+    airflow.wait_for_dag("seal__e2e.fixed")
+    airflow.wait_for_runs("seal__e2e.fixed", timeout=900)  # the seals the archive runs started
+    script = readme_block("trigger archive__").replace("http://127.0.0.1:8080", airflow.base)
+    script = for_this_stack(script, airflow.settings)
+
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+    created = json_objects(done.stdout)
+    assert [r["dag_id"] for r in created] == ["archive__e2e.fixed", dag_id, "seal__e2e.fixed"]
+    for run in created:
+        assert run["logical_date"] is None
+        runs = {r["dag_run_id"]: r for r in airflow.wait_for_runs(run["dag_id"], timeout=900)}
+        assert runs[run["dag_run_id"]]["state"] == "success", runs[run["dag_run_id"]]
+    rebuilt = airflow.xcom(dag_id, created[1]["dag_run_id"], "commit")
+    assert rebuilt["kind"] == "rebuild" and "2024-05-01" in rebuilt["rebuilt"]["dates"]
+
+
+def test_the_readme_seal_loop_triggers_one_seal_run_per_date(airflow, kafka, s3, stack_settings):
+    """README "Sealed dates": the loop of `cairn_stack airflow dags trigger seal__… -c …`, run
+    by bash as written (this venv's Python, this stack's topic and dates), makes one run per
+    date with that date as its param, and each succeeds."""
+    archive_fixed(airflow, kafka)
+    dag_id = "seal__e2e.fixed"
+    airflow.wait_for_dag(dag_id)
+    before = {r["dag_run_id"] for r in airflow.wait_for_runs(dag_id, timeout=900)}
+    script = readme_block("dags trigger seal__").replace(".venv/bin/python", sys.executable)
+    script = for_this_stack(script, airflow.settings)
+
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env={**os.environ, **stack_env(airflow.settings)},
+        timeout=300,
+        check=True,
+    )
+
+    runs = [
+        r
+        for r in airflow.wait_for_runs(dag_id, timeout=900)
+        if r["dag_run_id"] not in before and r["run_type"] == "manual"  # not by an asset event
+    ]
+    assert sorted(r["conf"]["date"] for r in runs) == ["2024-05-01", "2024-05-02", "2024-05-03"]
+    assert all(r["state"] == "success" for r in runs), runs
+
+
+def test_an_s3_root_without_its_connection_fails_at_once_its_cause_on_the_overview_page(
+    airflow, stack_settings
+) -> None:
+    """An `s3://<conn>@…` root whose Airflow connection does not exist: `plan` fails on its
+    first try (no up_for_retry), its log and the overview page naming the connection."""
+    topic, conn_id = "e2e.noconn", "e2e_missing_s3"
+    topics_file = airflow.settings.topics_file / "noconn.yaml"
+    root = f"s3://{conn_id}@{stack_settings.bucket}/{E2E_PREFIX}-noconn"
+    topics_file.write_text(
+        f"topics:\n  - topic: {topic}\n    format: raw\n    archive_root: {root}\n"
+    )
+    try:
+        dag_id = f"archive__{topic}"
+        airflow.wait_for_dag(dag_id)
+        run_id = airflow.trigger(dag_id)
+        runs = {r["dag_run_id"]: r for r in airflow.wait_for_runs(dag_id, timeout=300)}
+
+        assert runs[run_id]["state"] == "failed"
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/plan"
+        plan = airflow.call("GET", path)
+        assert plan["state"] == "failed" and plan["try_number"] == 1  # no up_for_retry
+        cause = f"ConnectionMissing: topic '{topic}': no Airflow connection '{conn_id}'"
+        assert cause in airflow.task_log(dag_id, run_id, "plan")
+        page = overview_page(airflow)
+        row = page[page.index(f'data-topic="{topic}"') :]
+        assert "last failed run: " + cause in row
+        assert f"airflow connections add {conn_id} --conn-type aws" in row
+    finally:
+        topics_file.unlink()
+
+
+def readme_block(marker: str) -> str:
+    """The README's bash block that contains `marker`."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    (found,) = [b for b in blocks if marker in b]
+    return found
+
+
+def for_this_stack(script: str, settings) -> str:
+    """A README command for the demo stack, made to act on this stack's E2E_FIXED topic and the
+    days it archived (2024-05-01 on) in place of the demo's, as this stack's user."""
+    script = script.replace("cairn.demo.events", E2E_FIXED)
+    for demo_day, day in (("11-19", "05-01"), ("11-20", "05-02"), ("11-21", "05-03")):
+        script = script.replace(f"2026-{demo_day}", f"2024-{day}")
+    login = json.dumps({"username": settings.airflow_user, "password": settings.airflow_password})
+    return script.replace('{"username": "admin", "password": "admin"}', login)
+
+
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects printed one after another (curl prints each reply without a newline)."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while at < len(text.rstrip()):
+        value, at = decoder.raw_decode(text, at)
+        found.append(value)
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return found
+
+
+def overview_page(airflow) -> str:
+    """`/cairn/` as the stack's user sees it (with an Airflow JWT, as the UI's cookie holds)."""
+    login = {"username": airflow.user, "password": airflow.password}
+    token = airflow.call("POST", "/auth/token", login)["access_token"]
+    request = urllib.request.Request(
+        airflow.base + "/cairn/", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return html.unescape(reply.read().decode())
 
 
 def wait_for_scheduled_run(airflow, dag_id: str, timeout: float = 120) -> dict:

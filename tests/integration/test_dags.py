@@ -125,6 +125,16 @@ def test_a_topics_file_that_is_not_yaml_stops_only_its_own_topics(tmp_path: Path
     assert f"{folder / 'clicks.yaml'}, line 2: topic 'good.orders': also defined at" in message
 
 
+def test_a_missing_topics_file_is_one_import_error_that_says_what_to_do(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-topics.d"
+    parsed = parse_dags(tmp_path, missing)
+
+    assert not any(d.startswith(("archive__", "rebuild__", "seal__")) for d in parsed["dags"])
+    assert [Path(f).name for f in parsed["errors"]] == ["cairn_config_check.py"]
+    (message,) = parsed["errors"].values()
+    assert f"{missing}: no such file or folder; create it, or point CAIRN_TOPICS_FILE" in message
+
+
 def test_pattern_entries_use_the_cached_topic_list(tmp_path: Path) -> None:
     topics = tmp_path / "topics.yaml"
     topics.write_text("topics:\n  - pattern: 'orders\\..+'\n    format: raw\n")

@@ -14,6 +14,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
 import cairn_dags
+import cairn_failures
 from cairn.config import TopicConfig
 from cairn.kafka.cluster import TopicNotFound
 from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
@@ -24,7 +25,7 @@ from cairn.protocol.rewind import RewindRefused
 from cairn.topics_file import TopicNotConfigured
 from cairn_connect import Connected, shared_session_id
 from cairn_connections import schema_registries
-from cairn_failures import fail_fast
+from cairn_failures import CAUSE_KEY, fail_fast
 from tests.unit.conftest import claim_next
 
 
@@ -44,6 +45,17 @@ from tests.unit.conftest import claim_next
 def test_permanent_errors_fail_the_task_without_retries_keeping_the_message(error):
     with pytest.raises(AirflowFailException, match="topic 'orders'"), fail_fast():
         raise error("topic 'orders': what went wrong")
+
+
+def test_a_permanent_errors_cause_is_kept_on_one_line_for_the_overview_page(monkeypatch):
+    pushed = {}
+    ti = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
+    monkeypatch.setattr(cairn_failures, "get_current_context", lambda: {"ti": ti})
+    with pytest.raises(AirflowFailException), fail_fast():
+        raise NoDates("topic 'orders': to_date 2024-05-01\n  is before from_date 2024-05-02")
+    assert pushed == {
+        CAUSE_KEY: "NoDates: topic 'orders': to_date 2024-05-01 is before from_date 2024-05-02"
+    }
 
 
 def test_other_errors_stay_retryable():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
@@ -16,11 +17,13 @@ import cairn_dags
 import cairn_notifier
 import cairn_overview
 from cairn.storage.objects import Storage
-from cairn.topics_file import load_topics
+from cairn.topics_file import TopicConfigError, load_topics
 from cairn.views import status
 from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec
 from tests.unit.test_status import record
+
+REAL_READABLE_TOPICS = cairn_overview.readable_topics
 
 
 @pytest.fixture
@@ -51,8 +54,10 @@ def client(tmp_path, monkeypatch) -> TestClient:
         return Storage(cfg.root.storage_url)
 
     monkeypatch.setattr(cairn_overview, "readable_topics", lambda user: topics)
+    monkeypatch.setattr(cairn_overview, "may_read", lambda user, topic: True)
     monkeypatch.setattr(cairn_overview, "storage", storage)
     monkeypatch.setattr(cairn_overview, "recent_runs", lambda dag_id, limit: [])
+    monkeypatch.setattr(cairn_overview, "last_failure", lambda dag_id: None)
     cairn_overview.app.dependency_overrides[cairn_overview.page_user] = lambda: object()
     yield TestClient(cairn_overview.app)
     cairn_overview.app.dependency_overrides.clear()
@@ -64,6 +69,8 @@ def test_index_lists_every_topic_and_isolates_a_broken_one(client) -> None:
     assert 'data-topic="orders.eu"' in page.text and "<svg" in page.text  # the lag trend
     assert "archive unreadable: PermissionError: no access to the bucket" in page.text
     assert 'href="/dags/archive__orders.eu"' in page.text
+    assert 'href="/dags/rebuild__orders.eu"' in page.text
+    assert 'href="/dags/seal__orders.eu">seal DAG</a>' in page.text
     assert "Pattern entries (<code>clicks\\..+</code>)" in page.text
     assert "up to 5 minutes after it is created" in page.text
 
@@ -73,6 +80,7 @@ def test_topic_page_shows_runs_and_configuration(client) -> None:
     assert page.status_code == 200
     assert "Recent runs" in page.text and "run2" in page.text
     assert "topic: orders.eu" in page.text  # the configuration as YAML
+    assert 'href="/dags/seal__orders.eu">seal DAG</a>' in page.text
     assert client.get("/topics/unknown").status_code == 404
 
 
@@ -143,3 +151,71 @@ def test_a_topic_two_patterns_match_shows_as_misconfigured_in_the_page_metrics_a
     assert f'cairn_config_errors{{file="{topics}"}} 1.0' in scrape.text
     with pytest.raises(AirflowFailException, match=r"topic 'clicks.us': pattern: matched by"):
         cairn_notifier.check_config({})
+
+
+def test_the_cause_of_a_topics_last_failed_run_shows_beside_it(client, monkeypatch) -> None:
+    cause = "ConnectionMissing: topic 'broken': no Airflow connection 'archive_s3'"
+    causes = {"archive__broken": cause}
+    monkeypatch.setattr(cairn_overview, "last_failure", causes.get)
+
+    page = client.get("/")
+
+    row = page.text[page.text.index('data-topic="broken"') :]  # its archive unreadable too
+    assert "last failed run: ConnectionMissing: topic &#39;broken&#39;: no Airflow" in row
+    assert page.text.count("last failed run:") == 1  # the other topic's last run did not fail
+
+
+def test_a_missing_topics_file_shows_as_misconfigured_and_in_the_metrics(
+    client, tmp_path, monkeypatch
+) -> None:
+    """`CAIRN_TOPICS_FILE` naming nothing: the pages still render and say so."""
+    missing = tmp_path / "no-such-topics.d"
+    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", missing)
+    monkeypatch.setattr(cairn_overview, "readable_topics", REAL_READABLE_TOPICS)
+    anyone = SimpleNamespace(is_authorized_dag=lambda **_: True)
+    monkeypatch.setattr(cairn_overview, "get_auth_manager", lambda: anyone)
+    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+
+    page = client.get("/")
+    assert page.status_code == 200
+    assert f"<code>{missing}</code>" in page.text
+    assert "no such file or folder; create it, or point CAIRN_TOPICS_FILE" in page.text
+    assert "No topics configured" in page.text
+
+    scrape = client.get("/metrics")
+    assert scrape.status_code == 200
+    assert f'cairn_config_errors{{file="{missing}"}} 1.0' in scrape.text
+
+
+def test_misconfigured_entries_show_only_to_users_who_may_read_what_they_describe(
+    monkeypatch,
+) -> None:
+    """A topic's entry follows its archive DAG's permission; an error that names no topic
+    (pattern, unnamed entry, defaults, a broken file) needs permission on every DAG."""
+    errors = [
+        TopicConfigError("topic 'orders.eu'", "seal", "bad", "a.yaml", 3),
+        TopicConfigError("topic 'clicks'", "", "also defined at b.yaml", "a.yaml", 9),
+        TopicConfigError("pattern 'orders\\..+'", "format", "bad", "a.yaml", 12),
+        TopicConfigError("entry #4", "", "needs topic or pattern", "a.yaml", 15),
+        TopicConfigError("file", "", "not valid YAML", "b.yaml", 2),
+    ]
+
+    class AuthManager:
+        def __init__(self, dags: set[str] | None) -> None:
+            self.dags = dags  # None: every DAG
+
+        def is_authorized_dag(self, *, method, user, details=None) -> bool:
+            assert method == "GET" and user == "someone"
+            if details is None:
+                return self.dags is None
+            return self.dags is None or details.id in self.dags
+
+    def seen(dags: set[str] | None) -> list[str]:
+        monkeypatch.setattr(cairn_overview, "get_auth_manager", lambda: AuthManager(dags))
+        return [e.entry for e in cairn_overview.readable_errors("someone", errors)]
+
+    assert seen({"archive__orders.eu"}) == ["topic 'orders.eu'"]
+    assert seen({"archive__clicks", "rebuild__orders.eu"}) == ["topic 'clicks'"]
+    assert seen(set()) == []
+    assert seen(None) == [e.entry for e in errors]
+    assert cairn_overview.readable_errors(None, errors) == errors  # the scrape token

@@ -8,9 +8,12 @@ import json
 import os
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.config import TopicConfig
+from cairn.errors import PermanentError
 from cairn.storage.s3_access import (
+    ConnectionMissing,
     Credentials,
     S3Settings,
     S3SettingsInvalid,
@@ -19,6 +22,7 @@ from cairn.storage.s3_access import (
     s3_options,
 )
 from cairn_connections import storage_options
+from cairn_failures import fail_fast
 
 KEYS = Credentials("AKIAEXAMPLEKEY", "secret-access-key", "session-token-123")
 
@@ -181,9 +185,19 @@ def test_plugin_ships_no_keys_to_spark_on_an_instance_role(monkeypatch):
     assert storage_options(s3_topic())["key"] == "AKIAEXAMPLEKEY"
 
 
-def test_plugin_refuses_a_root_whose_connection_does_not_exist(monkeypatch):
+def test_a_root_whose_connection_does_not_exist_fails_the_task_at_once(monkeypatch):
+    """A missing connection stays missing however often the task retries: a permanent error,
+    one line naming the connection and how to create it."""
     monkeypatch.delenv("AIRFLOW_CONN_MISSING_S3", raising=False)
-    with pytest.raises(ValueError, match="topic 'orders': no Airflow connection 'missing_s3'"):
+    with pytest.raises(ConnectionMissing) as caught:
+        storage_options(s3_topic("missing_s3"))
+    assert isinstance(caught.value, PermanentError)
+    message = str(caught.value)
+    assert "topic 'orders': no Airflow connection 'missing_s3'" in message
+    assert "airflow connections add missing_s3 --conn-type aws" in message
+    assert "AIRFLOW_CONN_MISSING_S3" in message and "\n" not in message
+    failed = pytest.raises(AirflowFailException, match="ConnectionMissing: topic 'orders'")
+    with failed, fail_fast():
         storage_options(s3_topic("missing_s3"))
 
 

@@ -46,6 +46,20 @@ class S3SettingsInvalid(PermanentError):
     """The `cairn` settings of an AWS connection are unusable; a retry would read them again."""
 
 
+class ConnectionMissing(PermanentError):
+    """An `s3://<conn_id>@…` archive root names an Airflow connection that does not exist: a
+    retry would look for it in vain (and falling back to the worker's own credentials would
+    write where nobody chose)."""
+
+    def __init__(self, topic: str, conn_id: str) -> None:
+        super().__init__(
+            f"topic {topic!r}: no Airflow connection {conn_id!r} for its s3:// archive root; "
+            f"create it (`airflow connections add {conn_id} --conn-type aws --conn-login <key> "
+            f"--conn-password <secret> --conn-extra '{{\"region_name\": …}}'`, or the variable "
+            f'AIRFLOW_CONN_{conn_id.upper()} as JSON; README "AWS"), then clear the task'
+        )
+
+
 class S3Settings(BaseModel):
     """Cairn's settings from an AWS connection's extra (`{"cairn": {...}}`)."""
 
