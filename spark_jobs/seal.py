@@ -26,7 +26,14 @@ from pyspark.sql import SparkSession
 from cairn.config import TopicConfig
 from cairn.errors import permanent_exit
 from cairn.jobs import job_args
-from cairn.pipeline.seal import FolderResult, Selection, load_selection, save_attempt, seal_folder
+from cairn.pipeline.seal import (
+    FolderResult,
+    Selection,
+    check_inputs,
+    load_selection,
+    save_attempt,
+    seal_folder,
+)
 from cairn.protocol import commit
 from cairn.storage.objects import Storage, options_from_env
 from cairn.topics_file import find_topic
@@ -64,7 +71,11 @@ def seal(
 
     # One task per folder; DataFrames, not RDDs, so it also runs on Spark Connect.
     n = len(chosen.folders)
-    rows = spark.range(0, n, 1, max(1, n)).mapInArrow(one, "result string").collect()
+    try:
+        rows = spark.range(0, n, 1, max(1, n)).mapInArrow(one, "result string").collect()
+    except Exception:
+        check_inputs(storage, chosen)  # an input another commit removed: final, not a retry
+        raise
     results = [FolderResult.model_validate_json(row.result) for row in rows]
     return save_attempt(storage, chosen, results)
 

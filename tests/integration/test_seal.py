@@ -167,6 +167,22 @@ def test_a_seal_beside_an_archive_run_and_a_rebuild_loses_and_doubles_nothing(
     assert_exactly_once(read_archive(storage, topic_name), all_offsets({0: 16, 1: 15}))
 
 
+def test_the_seal_that_loses_an_overlap_fails_at_once_with_a_conflict_not_a_retry(
+    kafka, archiver, make_cfg, topic_name
+):
+    """Two seals of one date: the first to commit removes the files the other's Spark job
+    still has to read; that job fails with Conflict (permanent), not with Spark's error."""
+    cfg = archived_day(kafka, archiver, make_cfg, topic_name)
+    storage = archiver.storage(cfg)
+    loser = seal.select(storage, cfg, DAY, "loser", None)
+    run_seal(archiver, cfg)  # the winner, all steps
+
+    with pytest.raises(commit.Conflict, match=r"the files it replaces changed .* is gone"):
+        seal_job(archiver.spark, loser, cfg, archiver.options, {})
+
+    assert all(parse_data_key(k).sealed for k in date_keys(storage, topic_name))
+
+
 def test_late_data_is_sealed_again_past_the_threshold_and_a_rebuild_replaces_the_date_in_the_table(
     kafka, archiver, make_cfg, topic_name, table_catalog
 ):

@@ -137,6 +137,10 @@ class Selection(BaseModel):
     def inputs(self) -> dict[str, SealInput]:
         return {i.key: i for f in self.folders for i in f.inputs}
 
+    def versions(self) -> dict[str, str]:
+        """Each file it replaces, and its version when selected."""
+        return {key: i.version for key, i in self.inputs.items()}
+
 
 class SealedFile(BaseModel):
     key: str
@@ -341,6 +345,14 @@ def _closed(chunk: SealedFileWriter, tally: SourceTally, staged: Storage) -> Sea
     return SealedFile(key=chunk.key, records=chunk.blocks.records, bytes=size)
 
 
+def check_inputs(storage: Storage, chosen: Selection) -> None:
+    """Raise Fenced or Conflict (permanent) if the seal can no longer commit: a rewind, or
+    another seal, a rebuild or a rewind replaced a file it reads. Its Spark job failing on such
+    a file then needs no retry; the date is sealed again from what is there now."""
+    commit.check_live(storage, chosen.claim)
+    commit.FilesCurrent(chosen.versions()).check(storage, chosen.claim, None)
+
+
 def save_attempt(storage: Storage, chosen: Selection, folders: list[FolderResult]) -> str:
     """Store what the Spark job staged (the commit task reads it), while the claim is live."""
     attempt = SealAttempt(
@@ -380,7 +392,7 @@ def commit_seal(storage: Storage, cfg: TopicConfig, chosen: Selection) -> tuple[
             checksum=proof.checksum,
         )
         return commit.replacing(
-            {key: i.version for key, i in chosen.inputs.items()},
+            chosen.versions(),
             {f.key: f.bytes for f in attempt.sealed},
             {"generation": chosen.generation, "manifest": chosen.manifest_key, "sealed": sealed},
         )
