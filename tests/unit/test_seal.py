@@ -408,3 +408,55 @@ def test_a_seal_that_stopped_before_its_proof_or_had_no_table_is_sealed_again_wh
 
     assert with_table.table_records == again.partitioned and with_table.table == "cairn.orders"
     assert sealed(storage, cfg, D2, catalog, table) is None
+
+
+@pytest.mark.parametrize("whole_bytes", [seal._READ_WHOLE_BYTES, 0])
+def test_the_table_holds_each_sealed_record_s_values_however_its_inputs_are_read(
+    tmp_path, storage, monkeypatch, whole_bytes
+):
+    """Inputs up to `_READ_WHOLE_BYTES` are read once, larger ones twice; either way the table's
+    rows are the sealed records, field by field (a union of several types as JSON)."""
+    monkeypatch.setattr(seal, "_READ_WHOLE_BYTES", whole_bytes)
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    catalog = SqlCatalog(
+        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
+    )
+    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    before = day_records(storage, D2)
+
+    sealed(storage, cfg, D2, catalog, table)
+
+    assert day_records(storage, D2) == before
+    records = []
+    for key in day_files(storage, D2):
+        if parse_data_key(key).kind == "partitioned":
+            with storage.open_read(key) as data:
+                records.extend(fastavro.reader(data))
+    expected = sorted(
+        (
+            r["_kafka_partition"],
+            r["_kafka_offset"],
+            r["id"],
+            None if r["ts"] is None else json.dumps(r["ts"]),
+            r["_event_time"],
+            D2,
+        )
+        for r in records
+    )
+    rows = catalog.load_table("cairn.orders").scan().to_arrow().to_pylist()
+    got = sorted(
+        (
+            r["_kafka_partition"],
+            r["_kafka_offset"],
+            r["id"],
+            r["ts"],
+            r["_event_time"],
+            r["_event_date"],
+        )
+        for r in rows
+    )
+    assert got == expected and len(got) == sum(1 for k in before if k[0] == "p")
