@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 from bisect import bisect_right
 from collections import defaultdict
@@ -316,12 +317,17 @@ def seal_folder(
             with opened() as data:
                 sources = _Sources(header, item.key)
                 reencoded = None if copy else ReEncoded(schema, codec, item.key)
-                for record in decoding.records(data, header):
-                    part.add(record, sources.of(record, folder.kind))
+                for batch in decoding.batches(data, header):
+                    if sources.spans:
+                        for record in batch:
+                            part.add(record, sources.of(record, folder.kind))
+                    else:
+                        part.add_all(batch, (sources.one, sources.processing_time))
                     if reencoded is not None:
-                        reencoded.add(record)
+                        for record in batch:
+                            reencoded.add(record)
                     if rows is not None:
-                        rows.add(record)
+                        rows.add_all(batch)
                 if reencoded is not None:
                     reencoded.copy_to(chunk.blocks)
             in_chunk.merge(part)
@@ -365,12 +371,15 @@ class _Decoding:
         self.parsed = fastavro.parse_schema(schema)
         self.same: dict[str, bool] = {}
 
-    def records(self, data: IO[bytes], header: Header) -> Iterator[dict]:
+    def batches(self, data: IO[bytes], header: Header) -> Iterator[list[dict]]:
+        """The file's records in lists of up to 10,000 (the caller counts them column-wise)."""
         same = self.same.get(header.schema)
         if same is None:
             same = fastavro.parse_schema(json.loads(header.schema)) == self.parsed
             self.same[header.schema] = same
-        return iter(fastavro.reader(data, reader_schema=None if same else self.schema))
+        records = fastavro.reader(data, reader_schema=None if same else self.schema)
+        while batch := list(itertools.islice(records, 10_000)):
+            yield batch
 
 
 def _sealed(
@@ -527,11 +536,12 @@ class _TableRows:
         self.files: list[TableFile] = []
         self.writer: ParquetFileWriter | None = None
 
-    def add(self, record: dict) -> None:
+    def add_all(self, records: list[dict]) -> None:
         for name in self.json:
-            if record.get(name) is not None:
-                record[name] = json.dumps(record[name], default=str)
-        self.rows.append(record)
+            for record in records:
+                if record.get(name) is not None:
+                    record[name] = json.dumps(record[name], default=str)
+        self.rows.extend(records)
         if len(self.rows) >= 10_000:
             self._flush()
 
