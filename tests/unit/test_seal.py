@@ -60,6 +60,16 @@ def sealed(storage: Storage, cfg, day: date, catalog=None, table=None) -> proof_
     return seal.finish_seal(storage, cfg, chosen, catalog)
 
 
+def table_in(tmp_path) -> tuple[SqlCatalog, TableTarget]:
+    """A catalog (pyiceberg's SqlCatalog on SQLite) and the topic's table target in it."""
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    catalog = SqlCatalog(
+        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
+    )
+    return catalog, TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+
+
 def day_records(storage: Storage, day: date) -> Counter:
     """(kind, partition, offset) of every record in the date's files, as a reader sees them."""
     found: Counter = Counter()
@@ -184,12 +194,7 @@ def test_the_table_gets_the_sealed_date_in_one_snapshot_and_a_second_seal_replac
     cfg = config(tmp_path, reseal_files=1)
     build_archive(storage, cfg)
     complete_through(storage, D3)
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog(
-        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
-    )
-    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    catalog, table = table_in(tmp_path)
 
     proof = sealed(storage, cfg, D2, catalog, table)
 
@@ -216,12 +221,7 @@ def test_a_record_a_rebuild_moved_to_another_date_is_in_the_table_once_after_eit
     cfg = config(tmp_path, reseal_files=1)
     build_archive(storage, cfg)
     complete_through(storage, D3)
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog(
-        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
-    )
-    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    catalog, table = table_in(tmp_path)
     sealed(storage, cfg, D1, catalog, table)
     tokyo = config(tmp_path, timezone="Asia/Tokyo", reseal_files=1)
     rebuild(storage, tokyo, D1)
@@ -351,12 +351,7 @@ def test_the_table_takes_a_field_the_topic_schema_gained_and_keeps_the_older_dat
     cfg = config(tmp_path)
     build_archive(storage, cfg)
     complete_through(storage, D3)
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog(
-        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
-    )
-    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    catalog, table = table_in(tmp_path)
     first = sealed(storage, cfg, D1, catalog, table)
     grown = {
         **SCHEMA,
@@ -398,12 +393,7 @@ def test_a_seal_that_stopped_before_its_proof_or_had_no_table_is_sealed_again_wh
     assert again.partitioned == sum(1 for k in records if k[0] == "p")
     assert sealed(storage, cfg, D2) is None  # finished now
 
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog(
-        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
-    )
-    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    catalog, table = table_in(tmp_path)
     with_table = sealed(storage, cfg, D2, catalog, table)  # a table now: the date goes in
 
     assert with_table.table_records == again.partitioned and with_table.table == "cairn.orders"
@@ -420,12 +410,7 @@ def test_the_table_holds_each_sealed_record_s_values_however_its_inputs_are_read
     cfg = config(tmp_path)
     build_archive(storage, cfg)
     complete_through(storage, D3)
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    catalog = SqlCatalog(
-        "cairn", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse.as_uri()
-    )
-    table = TableTarget(identifier="cairn.orders", location=(warehouse / "orders").as_uri())
+    catalog, table = table_in(tmp_path)
     before = day_records(storage, D2)
 
     sealed(storage, cfg, D2, catalog, table)
