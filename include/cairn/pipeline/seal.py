@@ -346,9 +346,9 @@ def seal_folder(
 
 
 _READ_WHOLE_BYTES = 16 * 2**20
-"""An input up to this size is read with one request and both passes over it (its blocks, its
-records) read memory; a larger one (an earlier seal's file) is opened twice, so memory stays a
-block."""
+"""An input up to this size is read with one request, and both passes over it (its blocks, its
+records) read it from memory; a larger one (an earlier seal's file) is opened twice, so memory
+stays a block."""
 
 
 def _opener(
