@@ -209,9 +209,9 @@ def test_the_readme_rest_examples_trigger_each_dag_kind(airflow, kafka, s3, stac
     """README "Triggering through the REST API", run by bash as written (the stack's address,
     and this stack's topic and dates in place of the demo's): an archive, a rebuild and a seal
     run, each with no logical date, all succeed."""
+    airflow.wait_for_dag("seal__e2e.fixed")  # unpaused: Airflow drops asset events for paused DAGs
     dag_id = archive_fixed(airflow, kafka)
-    airflow.wait_for_dag("seal__e2e.fixed")
-    airflow.wait_for_runs("seal__e2e.fixed", timeout=900)  # the seals the archive runs started
+    airflow.wait_for_runs("seal__e2e.fixed", timeout=900)  # the seal the archive run started
     script = readme_block("trigger archive__").replace("http://127.0.0.1:8080", airflow.base)
     script = for_this_stack(script, airflow.settings)
 
@@ -237,9 +237,9 @@ def test_the_readme_seal_loop_triggers_one_seal_run_per_date(airflow, kafka, s3,
     """README "Sealed dates": the loop of `cairn_stack airflow dags trigger seal__… -c …`, run
     by bash as written (this venv's Python, this stack's topic and dates), makes one run per
     date with that date as its param, and each succeeds."""
-    archive_fixed(airflow, kafka)
     dag_id = "seal__e2e.fixed"
-    airflow.wait_for_dag(dag_id)
+    airflow.wait_for_dag(dag_id)  # unpaused before the archive run announces its date
+    archive_fixed(airflow, kafka)
     before = {r["dag_run_id"] for r in airflow.wait_for_runs(dag_id, timeout=900)}
     script = readme_block("dags trigger seal__").replace(".venv/bin/python", sys.executable)
     script = for_this_stack(script, airflow.settings)
