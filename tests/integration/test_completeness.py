@@ -116,9 +116,10 @@ def test_the_archive_dag_marks_the_date_the_downstream_and_seal_dags_run_for_it(
     committed = tokens.list_tokens(storage, E2E_COMPLETE)
     offsets = [t.next_offsets for t in committed]
     assert offsets[:2] == [{0: 2, 1: 2}, {0: 3, 1: 3}]
-    # unpausing a @daily DAG may also schedule a run: it finds nothing new
+    # unpausing a @daily DAG may also schedule a run (the full suite once saw an asset-triggered
+    # one too): such runs find nothing new, and their `complete` has no result to read
     assert all(o == offsets[1] for o in offsets[2:])
-    done = {t.seq: airflow.xcom(dag_id, t.run_id, "complete") for t in committed}
+    done = {t.seq: airflow.xcom(dag_id, t.run_id, "complete") for t in committed[:2]}
     assert done[1]["completed"] == []  # p0 had passed the cutoff, p1 not yet
     days = [DAY.isoformat(), (DAY + timedelta(days=1)).isoformat()]
     assert done[2]["completed"] == days
