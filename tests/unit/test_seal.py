@@ -20,6 +20,7 @@ from cairn.pipeline.plan import Watermarks, plan
 from cairn.protocol import commit, rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
+from cairn.table import offset_index
 from cairn.table.catalog import TableTarget
 from cairn.table.iceberg import date_snapshot
 from cairn.views import audit, finder
@@ -199,12 +200,20 @@ def test_the_table_gets_the_sealed_date_in_one_snapshot_and_a_second_seal_replac
     proof = sealed(storage, cfg, D2, catalog, table)
 
     rows = catalog.load_table("cairn.orders").scan().to_arrow()
+    table_properties = catalog.load_table("cairn.orders").properties
     assert proof.table_records == rows.num_rows == proof.partitioned
     assert set(rows.column("_event_date").to_pylist()) == {D2}
     summary = date_snapshot(catalog, TOPIC, D2)
     assert (
         summary["cairn.seq"] == str(proof.token_seq) and summary["cairn.checksum"] == proof.checksum
     )
+    offsets, index = json.loads(summary["cairn.offsets"]), offset_index.read(table_properties)
+    for p, spans in proof.partitions.items():  # a few ranges that cover what fed the date
+        assert len(offsets[str(p)]) <= offset_index.RANGES
+        assert all(any(a <= s.first and s.last <= b for a, b in offsets[str(p)]) for s in spans)
+    kafka = (rows["_kafka_partition"].to_pylist(), rows["_kafka_offset"].to_pylist())
+    for p, o in zip(*kafka, strict=True):
+        assert any(a <= o <= b for a, b in index[D2][str(p)])  # the index covers every row
     archive_records(storage, cfg, at("2024-06-05T00:00"), [rec(0, 11, "2024-06-02T09:00:00Z")])
     again = sealed(storage, cfg, D2, catalog, table)
     table_now = catalog.load_table("cairn.orders")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, NonNegativeInt, ValidationError
 from cairn.datafiles.sealed_file import SourceSpan
 from cairn.storage.layout import DataKind, date_folder, proof_key
 from cairn.storage.objects import Storage
+from cairn.table.offset_index import Ranges, covering
 
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
@@ -86,10 +87,7 @@ def read_proof(storage: Storage, cfg: TopicConfig, day: date) -> Proof | None:
 
 def table_summary(proof: Proof) -> dict[str, str]:
     """The table snapshot's summary: the proof, as Iceberg's Kafka Connect sink records its
-    offsets (string values, `cairn.` names)."""
-    ranges = {
-        str(p): [[s.first, s.last] for s in spans] for p, spans in sorted(proof.partitions.items())
-    }
+    offsets (string values, `cairn.` names), the offsets as `offset_ranges`."""
     return {
         "cairn.topic": proof.topic,
         "cairn.date": proof.date.isoformat(),
@@ -97,7 +95,21 @@ def table_summary(proof: Proof) -> dict[str, str]:
         "cairn.records": str(proof.partitioned),
         "cairn.quarantined": str(proof.quarantined),
         "cairn.checksum": proof.checksum,
-        "cairn.offsets": json.dumps(ranges, separators=(",", ":")),
+        "cairn.offsets": json.dumps(offset_ranges(proof), separators=(",", ":")),
+    }
+
+
+def offset_ranges(proof: Proof) -> Ranges:
+    """Per Kafka partition, a few offset ranges that cover the offsets that fed the date: the
+    table's metadata keeps them (in every snapshot's summary, and in its offset index), so not
+    one per backup file as the proof lists them."""
+    return {
+        str(p): covering(
+            np.array([s.first for s in spans], dtype=np.int64),
+            np.array([s.last for s in spans], dtype=np.int64),
+        )
+        for p, spans in sorted(proof.partitions.items())
+        if spans
     }
 
 

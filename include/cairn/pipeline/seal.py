@@ -71,6 +71,7 @@ from cairn.pipeline.proof import (
     Proof,
     SourceTally,
     merged,
+    offset_ranges,
     read_proof,
     table_summary,
     write_proof,
@@ -598,6 +599,7 @@ def finish_seal(
             files,
             chosen.claim.attempt_id,
             table_summary(proof),
+            offset_ranges(proof),
         )
         proof = proof.model_copy(
             update={

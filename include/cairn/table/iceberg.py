@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from datetime import date
 from functools import reduce
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.catalog import load_catalog
+from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.expressions import (
     And,
@@ -48,11 +51,16 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
+from pyiceberg.manifest import ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import NameMapping
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import DateType
+from pyiceberg.utils.datetime import days_to_date
 
 from cairn.datafiles.parquet_file import EVENT_DATE
 from cairn.storage.objects import Storage
+from cairn.table import offset_index
 from cairn.table.catalog import NAMESPACE, Catalog, TableTarget, pyiceberg_properties, table_name
 
 NAME_MAPPING = "schema.name-mapping.default"
@@ -113,11 +121,13 @@ def replace_date(
     files: list[str],
     attempt_id: str,
     summary: dict[str, str],
+    held: offset_index.Ranges,
 ) -> Replaced:
-    """Make `files` (paths under the table's location, written with `schema`) the whole of
-    partition `day`, in one overwrite snapshot whose summary holds `summary` and the attempt,
-    committed with the delete of their records from other dates' partitions (`moved_here`);
-    done already: nothing."""
+    """Make `files` (paths under the table's location, written with `schema`, their Kafka
+    offsets covered by `held`) the whole of partition `day`, in one overwrite snapshot whose
+    summary holds `summary` and the attempt, committed with the delete of their records from
+    other dates' partitions (`moved_here`) and the date's offset index entry; done already:
+    nothing."""
     table = _table(catalog, where, schema)
     done = next(
         (s for s in table.snapshots() if s.summary and s.summary.get(ATTEMPT) == attempt_id), None
@@ -127,7 +137,7 @@ def replace_date(
     paths = [f"{where.location.rstrip('/')}/{f}" for f in files]
     added = [parquet_file_to_data_file(table.io, table.metadata, p) for p in paths]
     old = [task.file for task in table.scan(row_filter=EqualTo(EVENT_DATE, day)).plan_files()]
-    moved = moved_here(table, day, paths)
+    moved = moved_here(table, day, paths, held)
     with table.transaction() as txn:
         if moved is not None:
             txn.delete(moved, {ATTEMPT: attempt_id, MOVED_TO: day.isoformat()})
@@ -136,39 +146,39 @@ def replace_date(
                 overwrite.delete_data_file(data_file)
             for data_file in added:
                 overwrite.append_data_file(data_file)
+        txn.set_properties(offset_index.entry(day, held))
     table.refresh()
     return Replaced(
         snapshot_id=table.current_snapshot().snapshot_id, records=date_records(table, day)
     )
 
 
-def moved_here(table: Table, day: date, paths: list[str]) -> BooleanExpression | None:
-    """The rows of other dates' partitions that hold records of `paths` (the date's new
-    files): a rebuild or a changed config (timezone, event-time field) moved those records to
-    `day` after their old date was sealed. The seal deletes them in its commit, so a record is
-    in the table once, under the date its newest seal filed it in (the old date, changed, is
-    sealed again). Reads three columns of the files whose offset bounds overlap the date's."""
-    if not paths:
+def moved_here(
+    table: Table, day: date, paths: list[str], held: offset_index.Ranges
+) -> BooleanExpression | None:
+    """The rows of other dates' partitions that hold records of `paths` (the date's new files,
+    their offsets covered by `held`): a rebuild or a changed config (timezone, event-time field)
+    moved those records to `day` after their old date was sealed. The seal deletes them in its
+    commit, so a record is in the table once, under the date its newest seal filed it in (the
+    old date, changed, is sealed again). Reads only the dates the offset index cannot rule out
+    (`_dates_that_may_hold`), three columns of their files whose offset bounds overlap `held`,
+    and then the new files' Kafka columns."""
+    dates = _dates_that_may_hold(table, day, held) if paths and held else None
+    if dates is None:
         return None
-    ours = pa.concat_tables(
-        [pq.read_table(table.io.new_input(p).open(), columns=[PARTITION, OFFSET]) for p in paths]
-    )
-    if ours.num_rows == 0:
-        return None
-    bounds = ours.group_by(PARTITION).aggregate([(OFFSET, "min"), (OFFSET, "max")]).to_pylist()
     near = [
-        And(
-            EqualTo(PARTITION, b[PARTITION]),
-            GreaterThanOrEqual(OFFSET, b[f"{OFFSET}_min"]),
-            LessThanOrEqual(OFFSET, b[f"{OFFSET}_max"]),
-        )
-        for b in bounds
+        And(EqualTo(PARTITION, int(p)), GreaterThanOrEqual(OFFSET, a), LessThanOrEqual(OFFSET, b))
+        for p, ranges in held.items()
+        for a, b in ranges
     ]
     elsewhere = table.scan(
-        row_filter=And(NotEqualTo(EVENT_DATE, day), _any(near)),
-        selected_fields=(EVENT_DATE, PARTITION, OFFSET),
+        row_filter=And(dates, _any(near)), selected_fields=(EVENT_DATE, PARTITION, OFFSET)
     ).to_arrow()
-    ours = ours.cast(elsewhere.select([PARTITION, OFFSET]).schema)
+    if elsewhere.num_rows == 0:
+        return None
+    ours = _kafka_columns(table, paths).cast(elsewhere.select([PARTITION, OFFSET]).schema)
+    # Most rows near ours are other dates' own; hashing theirs and probing ours is cheap.
+    ours = ours.filter(pc.is_in(ours[OFFSET], value_set=elsewhere[OFFSET]))
     offsets: dict[tuple[date, int], set[int]] = defaultdict(set)
     for row in elsewhere.join(ours, keys=[PARTITION, OFFSET], join_type="left semi").to_pylist():
         offsets[row[EVENT_DATE], row[PARTITION]].add(row[OFFSET])
@@ -177,6 +187,65 @@ def moved_here(table: Table, day: date, paths: list[str]) -> BooleanExpression |
             And(EqualTo(EVENT_DATE, d), EqualTo(PARTITION, p), In(OFFSET, o))
             for (d, p), o in offsets.items()
         ]
+    )
+
+
+def _dates_that_may_hold(
+    table: Table, day: date, held: offset_index.Ranges
+) -> BooleanExpression | None:
+    """A filter on `_event_date` for the other dates whose partitions may hold offsets `held`
+    covers: those the offset index says overlap, and any date of the table the index has no
+    entry for (a manifest's date bounds say which); None: no other date can. Manifests of the
+    dates it leaves out are not read, so a seal's requests do not grow with the table's age."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return None
+    index = offset_index.read(table.properties)
+    known = sorted(index)
+    terms: list[BooleanExpression] = []
+    overlapping = [
+        d for d, ranges in index.items() if d != day and offset_index.overlaps(held, ranges)
+    ]
+    if overlapping:
+        terms.append(In(EVENT_DATE, overlapping))
+    unindexed: set[tuple[date, date]] = set()
+    for manifest in snapshot.manifests(table.io):
+        span = _date_span(table, manifest)
+        if span is None:
+            return NotEqualTo(EVENT_DATE, day)  # no date bounds: every other date may
+        low, high = span
+        indexed = bisect_right(known, high) - bisect_left(known, low)
+        if indexed < (high - low).days + 1 and span != (day, day):
+            unindexed.add(span)
+    terms += [
+        And(GreaterThanOrEqual(EVENT_DATE, low), LessThanOrEqual(EVENT_DATE, high))
+        for low, high in sorted(unindexed)
+    ]
+    return And(NotEqualTo(EVENT_DATE, day), _any(terms)) if terms else None
+
+
+def _date_span(table: Table, manifest: ManifestFile) -> tuple[date, date] | None:
+    """The first and last `_event_date` of a manifest's files (None: it does not say)."""
+    spec = table.specs()[manifest.partition_spec_id]
+    by_date = [
+        isinstance(f.transform, IdentityTransform)
+        and table.schema().find_column_name(f.source_id) == EVENT_DATE
+        for f in spec.fields
+    ]
+    if True not in by_date or len(manifest.partitions or []) != len(by_date):
+        return None
+    bounds = manifest.partitions[by_date.index(True)]
+    if bounds.lower_bound is None or bounds.upper_bound is None:
+        return None
+    low, high = (from_bytes(DateType(), b) for b in (bounds.lower_bound, bounds.upper_bound))
+    return days_to_date(low), days_to_date(high)
+
+
+def _kafka_columns(table: Table, paths: list[str]) -> pa.Table:
+    """The Kafka partition and offset of every row of the files at `paths`."""
+    columns = [PARTITION, OFFSET]
+    return pa.concat_tables(
+        [pq.read_table(table.io.new_input(p).open(), columns=columns) for p in paths]
     )
 
 
