@@ -13,6 +13,8 @@ import fastavro
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from cairn.datafiles.writer import KafkaRecord
+from cairn.formats.base import output_schema
 from cairn.kafka.cluster import TopicState
 from cairn.pipeline import completeness, seal
 from cairn.pipeline import proof as proof_of
@@ -454,3 +456,70 @@ def test_the_table_holds_each_sealed_record_s_values_however_its_inputs_are_read
         for r in rows
     )
     assert got == expected and len(got) == sum(1 for k in before if k[0] == "p")
+
+
+def test_timestamps_reach_the_sealed_files_and_the_table_unchanged_from_either_schema(
+    tmp_path, storage
+):
+    """Inputs of the folder's schema are read with their timestamps as numbers, inputs of an
+    older schema are resolved to it; either way every field of every record, timestamps of
+    each kind included, is the same in the sealed files and the table as it was before."""
+    millis = {"type": "long", "logicalType": "timestamp-millis"}
+    older = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "paid", "type": millis}]}
+    newer = {
+        **older,
+        "fields": [
+            *older["fields"],
+            {
+                "name": "seen",
+                "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}],
+                "default": None,
+            },
+            {
+                "name": "local",
+                "type": ["null", {"type": "long", "logicalType": "local-timestamp-millis"}],
+                "default": None,
+            },
+        ],
+    }
+    for name, schema in (("older", older), ("newer", newer)):
+        (tmp_path / f"{name}.avsc").write_text(json.dumps(schema))
+
+    def timed(partition: int, offset: int, hour: int) -> KafkaRecord:
+        at_ms = int(at(f"2024-06-02T{hour:02d}:00").timestamp() * 1000) + offset
+        value = {"id": f"o{offset}", "ts": f"2024-06-02T{hour:02d}:00:00Z", "paid": at_ms - 1}
+        if partition:
+            value |= {"seen": at_ms * 1000 + 7, "local": at_ms + 5}
+        return KafkaRecord(TOPIC, partition, offset, at_ms, 0, b"k", json.dumps(value).encode())
+
+    archive_records(
+        storage, config(tmp_path, schema="older.avsc"), at("2024-06-02T05:00"), [timed(0, 0, 1)]
+    )
+    cfg = config(tmp_path, schema="newer.avsc")
+    archive_records(storage, cfg, at("2024-06-02T06:00"), [timed(0, 1, 1), timed(1, 0, 1)])
+    complete_through(storage, D3)
+    catalog, table = table_in(tmp_path)
+
+    def partitioned() -> dict[tuple[int, int], dict]:
+        found = {}
+        for key in day_files(storage, D2):
+            if parse_data_key(key).kind == "partitioned":
+                with storage.open_read(key) as data:
+                    for r in fastavro.reader(data, reader_schema=output_schema(newer)):
+                        found[r["_kafka_partition"], r["_kafka_offset"]] = r
+        return found
+
+    before = partitioned()
+    assert len(before) == 3 and len({parse_data_key(k).sealed for k in day_files(storage, D2)}) == 1
+
+    sealed(storage, cfg, D2, catalog, table)
+
+    assert partitioned() == before
+    rows = catalog.load_table("cairn.orders").scan().to_arrow().to_pylist()
+    table_rows = {(r["_kafka_partition"], r["_kafka_offset"]): r for r in rows}
+    assert table_rows.keys() == before.keys()
+    for key, record in before.items():
+        expected = record | {"ts": json.dumps(record["ts"]), "_event_date": D2}
+        assert table_rows[key] == expected
+    assert before[1, 0]["seen"].microsecond % 1000 == 7  # micros kept
+    assert before[1, 0]["local"].tzinfo is None

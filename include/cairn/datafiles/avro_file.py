@@ -10,7 +10,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -376,24 +376,48 @@ class BlockFileWriter:
 
     def write_to(self, out: IO[bytes], schema: str, codec: str, metadata: dict[str, str]) -> int:
         """Write the file (header, then the blocks) to `out`; returns its size."""
-        entries = {"avro.schema": schema.encode(), "avro.codec": codec.encode()}
-        entries |= {k: v.encode() for k, v in sorted(metadata.items())}
-        head = io.BytesIO()
-        head.write(_MAGIC)
-        _write_long(head, len(entries))
-        for key, value in entries.items():
-            _write_long(head, len(key.encode()))
-            head.write(key.encode())
-            _write_long(head, len(value))
-            head.write(value)
-        _write_long(head, 0)
-        head.write(self._sync)
-        out.write(head.getvalue())
+        head = _header_bytes(Header(schema=schema, codec=codec, metadata=metadata, sync=self._sync))
+        out.write(head)
         self._spool.seek(0)
         shutil.copyfileobj(self._spool, out)
         self._spool.close()
-        self.bytes += head.tell()
+        self.bytes += len(head)
         return self.bytes
+
+
+def with_schema(data: IO[bytes], header: Header, schema: str) -> IO[bytes]:
+    """The container file `data` (just past its header, `header`) as a file whose header says
+    `schema`: its blocks read under another schema of the same binary encoding."""
+    return io.BufferedReader(_Joined(_header_bytes(replace(header, schema=schema)), data))
+
+
+def _header_bytes(header: Header) -> bytes:
+    entries = {"avro.schema": header.schema.encode(), "avro.codec": header.codec.encode()}
+    entries |= {k: v.encode() for k, v in sorted(header.metadata.items())}
+    head = io.BytesIO()
+    head.write(_MAGIC)
+    _write_long(head, len(entries))
+    for key, value in entries.items():
+        _write_long(head, len(key.encode()))
+        head.write(key.encode())
+        _write_long(head, len(value))
+        head.write(value)
+    _write_long(head, 0)
+    head.write(header.sync)
+    return head.getvalue()
+
+
+class _Joined(io.RawIOBase):
+    """`head`, then the rest of `tail`, as one stream."""
+
+    def __init__(self, head: bytes, tail: IO[bytes]) -> None:
+        self.head, self.tail = io.BytesIO(head), tail
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self.head.readinto(buffer) or self.tail.readinto(buffer)
 
 
 def _read_long(f: IO[bytes], first: bytes | None = None) -> int:

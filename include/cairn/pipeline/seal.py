@@ -32,17 +32,19 @@ folder that only re-derivations and audits read.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import itertools
 import json
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import IO, TYPE_CHECKING, Literal
 
 import fastavro
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.datafiles.avro_file import (
@@ -50,6 +52,7 @@ from cairn.datafiles.avro_file import (
     Header,
     raw_blocks,
     read_header,
+    with_schema,
 )
 from cairn.datafiles.parquet_file import (
     EVENT_DATE,
@@ -304,7 +307,7 @@ def seal_folder(
     with contextlib.ExitStack() as uploads:
         rows = None
         if table is not None and folder.kind == "partitioned":
-            rows = _TableRows(table, chosen, index, uploads)
+            rows = _TableRows(table, chosen, index, uploads, decoding.timestamps)
         chunk, in_chunk = _sealed(chosen, folder, schema, codec, 0), SourceTally(folder.kind)
         for item in folder.inputs:
             part = SourceTally(folder.kind)
@@ -361,15 +364,36 @@ def _opener(
     return lambda: contextlib.nullcontext(io.BytesIO(data))
 
 
+_MICROS_PER = {
+    "timestamp-millis": 1_000,
+    "local-timestamp-millis": 1_000,
+    "timestamp-micros": 1,
+    "local-timestamp-micros": 1,
+}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 class _Decoding:
-    """Decodes a folder's inputs to its schema. fastavro resolves a writer's schema to a reader's
-    record by record, which costs ~40% more than reading with the writer's schema alone, so an
-    input written with the folder's very schema (names, types, logical types, docs) is read with
-    its own."""
+    """Decodes a folder's inputs to its schema, its top-level timestamps as numbers.
+
+    fastavro resolves a writer's schema to a reader's record by record, which costs ~40% more
+    than reading with the writer's schema alone, so an input written with the folder's very
+    schema (names, types, logical types, docs) is read with its own. And it makes a datetime of
+    each timestamp (~0.85 µs a value) that Arrow would only turn back into a number, so such an
+    input is read under the same schema without the timestamps' logical types: they stay longs
+    (`timestamps`: each field's microseconds per unit), which `_TableRows` makes timestamps
+    column-wise and an Avro writer takes as they are."""
 
     def __init__(self, schema: dict) -> None:
         self.schema = schema
         self.parsed = fastavro.parse_schema(schema)
+        self.timestamps: dict[str, int] = {}
+        longs = copy.deepcopy(schema)
+        for field in longs["fields"]:
+            for branch in field["type"] if isinstance(field["type"], list) else [field["type"]]:
+                if isinstance(branch, dict) and branch.get("logicalType") in _MICROS_PER:
+                    self.timestamps[field["name"]] = _MICROS_PER[branch.pop("logicalType")]
+        self.longs = json.dumps(longs)
         self.same: dict[str, bool] = {}
 
     def batches(self, data: IO[bytes], header: Header) -> Iterator[list[dict]]:
@@ -378,8 +402,18 @@ class _Decoding:
         if same is None:
             same = fastavro.parse_schema(json.loads(header.schema)) == self.parsed
             self.same[header.schema] = same
-        records = fastavro.reader(data, reader_schema=None if same else self.schema)
+        if same:
+            read_header(data)
+            records = fastavro.reader(with_schema(data, header, self.longs))
+        else:
+            records = fastavro.reader(data, reader_schema=self.schema)
         while batch := list(itertools.islice(records, 10_000)):
+            if not same:
+                for record in batch:
+                    for name, micros in self.timestamps.items():
+                        if (value := record.get(name)) is not None:
+                            epoch = _EPOCH if value.tzinfo else _EPOCH.replace(tzinfo=None)
+                            record[name] = (value - epoch) // timedelta(microseconds=micros)
             yield batch
 
 
@@ -528,10 +562,24 @@ class _TableRows:
     """A folder's parsed records as the table's Parquet files, with the date as `_event_date`."""
 
     def __init__(
-        self, table: Storage, chosen: Selection, index: int, uploads: contextlib.ExitStack
+        self,
+        table: Storage,
+        chosen: Selection,
+        index: int,
+        uploads: contextlib.ExitStack,
+        timestamps: dict[str, int],
     ) -> None:
         self.table, self.chosen, self.index, self.uploads = table, chosen, index, uploads
         self.schema = chosen.table_schema()
+        self.timestamps = timestamps
+        """The fields that come as numbers (`_Decoding`): their microseconds per unit."""
+        self.row_type = pa.struct(
+            [
+                f.with_type(pa.int64()) if f.name in timestamps else f
+                for f in self.schema
+                if f.name != EVENT_DATE
+            ]
+        )
         self.json = json_fields(chosen.schema_of("partitioned"))
         self.rows: list[dict] = []
         self.files: list[TableFile] = []
@@ -562,15 +610,18 @@ class _TableRows:
             self.path = table_file_name(chosen.date, chosen.claim.attempt_id, self.index, 0)
             out = self.uploads.enter_context(self.table.open_write(self.path))
             self.writer = ParquetFileWriter(out, self.schema, "_kafka_offset")
-        # Column by column: ~2.4x faster than `from_pylist`, which looks up each row's fields.
-        rows, columns = self.rows, {}
-        for name in self.schema.names:
-            columns[name] = (
-                [self.chosen.date] * len(rows)
-                if name == EVENT_DATE
-                else [r.get(name) for r in rows]
-            )
-        self.writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=self.schema))
+        # pyarrow converts the dicts to a struct in C++: ~2x faster than column lists in Python
+        # (`from_pydict`), which was ~2.4x faster than `from_pylist`.
+        rows = iter(pa.array(self.rows, type=self.row_type).flatten())
+        arrays = []
+        for field in self.schema:
+            if field.name == EVENT_DATE:
+                arrays.append(pa.repeat(pa.scalar(self.chosen.date, field.type), len(self.rows)))
+            elif (micros := self.timestamps.get(field.name)) is not None:
+                arrays.append(pc.multiply(next(rows), micros).cast(field.type))
+            else:
+                arrays.append(next(rows))
+        self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
         self.rows = []
 
 
