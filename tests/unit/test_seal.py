@@ -480,6 +480,7 @@ def test_timestamps_reach_the_sealed_files_and_the_table_unchanged_from_either_s
                 "type": ["null", {"type": "long", "logicalType": "local-timestamp-millis"}],
                 "default": None,
             },
+            {"name": "when", "type": ["null", "string", millis], "default": None},  # JSON
         ],
     }
     for name, schema in (("older", older), ("newer", newer)):
@@ -489,7 +490,7 @@ def test_timestamps_reach_the_sealed_files_and_the_table_unchanged_from_either_s
         at_ms = int(at(f"2024-06-02T{hour:02d}:00").timestamp() * 1000) + offset
         value = {"id": f"o{offset}", "ts": f"2024-06-02T{hour:02d}:00:00Z", "paid": at_ms - 1}
         if partition:
-            value |= {"seen": at_ms * 1000 + 7, "local": at_ms + 5}
+            value |= {"seen": at_ms * 1000 + 7, "local": at_ms + 5, "when": at_ms + 9}
         return KafkaRecord(TOPIC, partition, offset, at_ms, 0, b"k", json.dumps(value).encode())
 
     archive_records(
@@ -519,7 +520,8 @@ def test_timestamps_reach_the_sealed_files_and_the_table_unchanged_from_either_s
     table_rows = {(r["_kafka_partition"], r["_kafka_offset"]): r for r in rows}
     assert table_rows.keys() == before.keys()
     for key, record in before.items():
-        expected = record | {"ts": json.dumps(record["ts"]), "_event_date": D2}
+        as_json = {k: json.dumps(record[k], default=str) for k in ("ts", "when") if record[k]}
+        expected = record | as_json | {"_event_date": D2}
         assert table_rows[key] == expected
     assert before[1, 0]["seen"].microsecond % 1000 == 7  # micros kept
-    assert before[1, 0]["local"].tzinfo is None
+    assert before[1, 0]["local"].tzinfo is None and before[1, 0]["when"].microsecond == 9000

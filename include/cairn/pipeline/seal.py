@@ -389,9 +389,10 @@ class _Decoding:
         self.parsed = fastavro.parse_schema(schema)
         self.timestamps: dict[str, int] = {}
         longs = copy.deepcopy(schema)
-        for field in longs["fields"]:
-            for branch in field["type"] if isinstance(field["type"], list) else [field["type"]]:
-                if isinstance(branch, dict) and branch.get("logicalType") in _MICROS_PER:
+        for field in longs["fields"]:  # a timestamp, or a timestamp or null (not in a JSON union)
+            types = field["type"] if isinstance(field["type"], list) else [field["type"]]
+            match [t for t in types if t != "null"]:
+                case [{"logicalType": str(logical)} as branch] if logical in _MICROS_PER:
                     self.timestamps[field["name"]] = _MICROS_PER[branch.pop("logicalType")]
         self.longs = json.dumps(longs)
         self.same: dict[str, bool] = {}
