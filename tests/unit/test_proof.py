@@ -1,5 +1,5 @@
-"""The proof's tally: counting a backup file's records column-wise gives exactly what counting
-them one by one gives (spans, records, checksum), for any partition and offset Kafka allows."""
+"""The proof's tally: counting a backup file's records column-wise gives each file's spans, the
+records and the checksum, in one go or in pieces, for any partition and offset Kafka allows."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_the_columnwise_checksum_is_the_sum_of_the_shares_even_for_the_largest_o
     assert checksum_sum(p, o) == sum(checksum_share(a, b) for a, b in pairs)
 
 
-def test_counting_a_file_at_once_equals_counting_it_record_by_record():
+def test_counting_files_column_wise_gives_each_files_spans_records_and_checksum():
     rng = random.Random(11)
     files = {
         f"backup/t/partition={n}/1_{n}_x.avro": [
@@ -33,11 +33,32 @@ def test_counting_a_file_at_once_equals_counting_it_record_by_record():
         ]
         for n in range(4)
     }
-    one, many = SourceTally("partitioned"), SourceTally("partitioned")
+    whole, pieces = SourceTally("partitioned"), SourceTally("partitioned")
     for key, records in files.items():
-        for record in records:
-            one.add(record, (key, "2024-06-02T10:00:00+00:00"))
-        many.add_all(records, (key, "2024-06-02T10:00:00+00:00"))
+        whole.add_all(records, (key, "2024-06-02T10:00:00+00:00"))
+        cut = rng.randrange(len(records))
+        for piece in (records[:cut], records[cut:]):
+            part = SourceTally("partitioned")
+            if piece:
+                part.add_all(piece, (key, "2024-06-02T10:00:00+00:00"))
+            pieces.merge(part)
 
-    assert (many.records, many.checksum, many.spans()) == (one.records, one.checksum, one.spans())
-    assert many.records == sum(len(r) for r in files.values())
+    expected = {}
+    for key, records in files.items():
+        for r in records:
+            p, o = r["_kafka_partition"], r["_kafka_offset"]
+            first, last, n = expected.get((key, p), (o, o, 0))
+            expected[key, p] = (min(first, o), max(last, o), n + 1)
+    spans = {(s.source, s.partition): (s.first, s.last, s.records) for s in whole.spans()}
+    assert spans == expected
+    shares = sum(
+        checksum_share(r["_kafka_partition"], r["_kafka_offset"])
+        for records in files.values()
+        for r in records
+    )
+    assert (whole.records, whole.checksum) == (sum(len(r) for r in files.values()), shares)
+    assert (pieces.records, pieces.checksum, pieces.spans()) == (
+        whole.records,
+        whole.checksum,
+        whole.spans(),
+    )

@@ -13,6 +13,8 @@ import fastavro
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from cairn.datafiles.avro_file import Header
+from cairn.datafiles.sealed_file import SOURCES, SourceSpan
 from cairn.datafiles.writer import KafkaRecord
 from cairn.formats.base import output_schema
 from cairn.kafka.cluster import TopicState
@@ -525,3 +527,31 @@ def test_timestamps_reach_the_sealed_files_and_the_table_unchanged_from_either_s
         assert table_rows[key] == expected
     assert before[1, 0]["seen"].microsecond % 1000 == 7  # micros kept
     assert before[1, 0]["local"].tzinfo is None and before[1, 0]["when"].microsecond == 9000
+
+
+def test_records_of_a_sealed_input_are_told_apart_by_the_backup_file_its_header_lists():
+    spans = [
+        SourceSpan(
+            source=f"b{n}", processing_time=f"t{n}", partition=p, first=f, last=la, records=1
+        )
+        for n, (p, f, la) in enumerate([(0, 0, 9), (0, 20, 29), (1, 0, 99)])
+    ]
+    header = Header(
+        schema="{}",
+        codec="null",
+        metadata={SOURCES: json.dumps([s.model_dump() for s in spans])},
+        sync=b"0" * 16,
+    )
+    sources = seal._Sources(header, "sealed.avro", "partitioned")
+    records = [{"_kafka_partition": p, "_kafka_offset": o} for p, o in [(0, 25), (1, 5), (0, 9)]]
+
+    split = {
+        source: [(r["_kafka_partition"], r["_kafka_offset"]) for r in rs]
+        for source, rs in sources.split(records)
+    }
+
+    assert split == {("b0", "t0"): [(0, 9)], ("b1", "t1"): [(0, 25)], ("b2", "t2"): [(1, 5)]}
+    for outside in [(0, 15), (0, 30), (2, 0)]:
+        record = {"_kafka_partition": outside[0], "_kafka_offset": outside[1]}
+        with pytest.raises(seal.SealRefused, match=f"record {outside[0]}@{outside[1]} is in no"):
+            list(sources.split([*records, record]))

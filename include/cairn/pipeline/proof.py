@@ -113,30 +113,35 @@ def offset_ranges(proof: Proof) -> Ranges:
     }
 
 
+def kafka_fields(kind: DataKind) -> tuple[str, str]:
+    """The fields of a record of `kind` that hold its Kafka partition and offset."""
+    if kind == "partitioned":
+        return "_kafka_partition", "_kafka_offset"
+    return "partition", "offset"
+
+
+def kafka_columns(records: list[dict], kind: DataKind) -> tuple[np.ndarray, np.ndarray]:
+    """The Kafka partitions and offsets of `records` of `kind`, as arrays."""
+    p, o = kafka_fields(kind)
+    return (
+        np.fromiter((r[p] for r in records), np.int64, len(records)),
+        np.fromiter((r[o] for r in records), np.int64, len(records)),
+    )
+
+
 class SourceTally:
     """Per backup file and Kafka partition: the offsets and records seen, and the checksum."""
 
     def __init__(self, kind: DataKind) -> None:
-        self.fields = ("_kafka_partition", "_kafka_offset")
-        if kind != "partitioned":
-            self.fields = ("partition", "offset")
+        self.kind = kind
         self.found: dict[tuple[str | None, int], list] = {}
         self.records = self.checksum = 0
 
-    def add(self, record: dict, source: tuple[str | None, str | None]) -> None:
-        """Count a record of `kind` that came from backup file `source` (its key, and the
-        processing time it was parsed with)."""
-        p, o = record[self.fields[0]], record[self.fields[1]]
-        self._include((source[0], p), o, o, 1, source[1])
-        self.records += 1
-        self.checksum += checksum_share(p, o)
-
     def add_all(self, records: list[dict], source: tuple[str | None, str | None]) -> None:
-        """Count records that all came from one backup file `source`, column by column: a
-        sealed date's records pass here, and a Python call each would cost more than the rest
-        of the tally."""
-        p = np.fromiter((r[self.fields[0]] for r in records), np.int64, len(records))
-        o = np.fromiter((r[self.fields[1]] for r in records), np.int64, len(records))
+        """Count records of one backup file `source` (its key, and the processing time it was
+        parsed with), column by column: a sealed date's records pass here, and a Python call
+        each would cost more than the rest of the tally."""
+        p, o = kafka_columns(records, self.kind)
         for partition in np.unique(p):
             mine = o[p == partition]
             first, last = int(mine.min()), int(mine.max())
