@@ -33,14 +33,21 @@ def test_counting_files_column_wise_gives_each_files_spans_records_and_checksum(
         ]
         for n in range(4)
     }
-    whole, pieces = SourceTally("partitioned"), SourceTally("partitioned")
+
+    def columns(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        return (
+            np.array([r["_kafka_partition"] for r in records], np.int64),
+            np.array([r["_kafka_offset"] for r in records], np.int64),
+        )
+
+    whole, pieces = SourceTally(), SourceTally()
     for key, records in files.items():
-        whole.add_all(records, (key, "2024-06-02T10:00:00+00:00"))
+        whole.add(*columns(records), (key, "2024-06-02T10:00:00+00:00"))
         cut = rng.randrange(len(records))
         for piece in (records[:cut], records[cut:]):
-            part = SourceTally("partitioned")
+            part = SourceTally()
             if piece:
-                part.add_all(piece, (key, "2024-06-02T10:00:00+00:00"))
+                part.add(*columns(piece), (key, "2024-06-02T10:00:00+00:00"))
             pieces.merge(part)
 
     expected = {}

@@ -546,8 +546,8 @@ def test_records_of_a_sealed_input_are_told_apart_by_the_backup_file_its_header_
     records = [{"_kafka_partition": p, "_kafka_offset": o} for p, o in [(0, 25), (1, 5), (0, 9)]]
 
     split = {
-        source: [(r["_kafka_partition"], r["_kafka_offset"]) for r in rs]
-        for source, rs in sources.split(records)
+        source: list(zip(p.tolist(), o.tolist(), strict=True))
+        for source, p, o in sources.split(records)
     }
 
     assert split == {("b0", "t0"): [(0, 9)], ("b1", "t1"): [(0, 25)], ("b2", "t2"): [(1, 5)]}

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, NonNegativeInt, ValidationError
 
 from cairn.datafiles.sealed_file import SourceSpan
-from cairn.storage.layout import DataKind, date_folder, proof_key
+from cairn.storage.layout import date_folder, proof_key
 from cairn.storage.objects import Storage
 from cairn.table.offset_index import Ranges, covering
 
@@ -113,40 +113,23 @@ def offset_ranges(proof: Proof) -> Ranges:
     }
 
 
-def kafka_fields(kind: DataKind) -> tuple[str, str]:
-    """The fields of a record of `kind` that hold its Kafka partition and offset."""
-    if kind == "partitioned":
-        return "_kafka_partition", "_kafka_offset"
-    return "partition", "offset"
-
-
-def kafka_columns(records: list[dict], kind: DataKind) -> tuple[np.ndarray, np.ndarray]:
-    """The Kafka partitions and offsets of `records` of `kind`, as arrays."""
-    p, o = kafka_fields(kind)
-    return (
-        np.fromiter((r[p] for r in records), np.int64, len(records)),
-        np.fromiter((r[o] for r in records), np.int64, len(records)),
-    )
-
-
 class SourceTally:
     """Per backup file and Kafka partition: the offsets and records seen, and the checksum."""
 
-    def __init__(self, kind: DataKind) -> None:
-        self.kind = kind
+    def __init__(self) -> None:
         self.found: dict[tuple[str | None, int], list] = {}
         self.records = self.checksum = 0
 
-    def add_all(self, records: list[dict], source: tuple[str | None, str | None]) -> None:
+    def add(self, p: np.ndarray, o: np.ndarray, source: tuple[str | None, str | None]) -> None:
         """Count records of one backup file `source` (its key, and the processing time it was
-        parsed with), column by column: a sealed date's records pass here, and a Python call
-        each would cost more than the rest of the tally."""
-        p, o = kafka_columns(records, self.kind)
+        parsed with) by their Kafka partitions `p` and offsets `o`: column by column, since a
+        sealed date's records pass here and a Python call each would cost more than the rest of
+        the tally."""
         for partition in np.unique(p):
             mine = o[p == partition]
             first, last = int(mine.min()), int(mine.max())
             self._include((source[0], int(partition)), first, last, len(mine), source[1])
-        self.records += len(records)
+        self.records += len(p)
         self.checksum += checksum_sum(p, o)
 
     def merge(self, other: SourceTally) -> None:

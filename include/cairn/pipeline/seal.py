@@ -73,7 +73,6 @@ from cairn.pipeline import completeness
 from cairn.pipeline.proof import (
     Proof,
     SourceTally,
-    kafka_columns,
     merged,
     offset_ranges,
     read_proof,
@@ -305,14 +304,14 @@ def seal_folder(
     same_schema = canonical(json.dumps(schema))
     decoding = _Decoding(schema)
     result = FolderResult(kind=folder.kind, folder=folder.folder, files=[])
-    whole = SourceTally(folder.kind)
+    whole = SourceTally()
     with contextlib.ExitStack() as uploads:
         rows = None
         if table is not None and folder.kind == "partitioned":
             rows = _TableRows(table, chosen, index, uploads, decoding.timestamps)
-        chunk, in_chunk = _sealed(chosen, folder, schema, codec, 0), SourceTally(folder.kind)
+        chunk, in_chunk = _sealed(chosen, folder, schema, codec, 0), SourceTally()
         for item in folder.inputs:
-            part = SourceTally(folder.kind)
+            part = SourceTally()
             opened = _opener(storage, item)
             with opened() as data:
                 header = read_header(data)
@@ -324,8 +323,8 @@ def seal_folder(
                 sources = _Sources(header, item.key, folder.kind)
                 reencoded = None if copy else ReEncoded(schema, codec, item.key)
                 for batch in decoding.batches(data, header):
-                    for source, records in sources.split(batch):
-                        part.add_all(records, source)
+                    for source, partitions, offsets in sources.split(batch):
+                        part.add(partitions, offsets, source)
                     if reencoded is not None:
                         for record in batch:
                             reencoded.add(record)
@@ -338,7 +337,7 @@ def seal_folder(
             if chunk.blocks.bytes >= chosen.target_bytes:
                 result.files.append(_closed(chunk, in_chunk, staged))
                 chunk = _sealed(chosen, folder, schema, codec, len(result.files))
-                in_chunk = SourceTally(folder.kind)
+                in_chunk = SourceTally()
         if chunk.blocks.records or not result.files:
             result.files.append(_closed(chunk, in_chunk, staged))
         if rows is not None:
@@ -546,27 +545,34 @@ class _Sources:
 
     def split(
         self, records: list[dict]
-    ) -> Iterator[tuple[tuple[str | None, str | None], list[dict]]]:
-        """`records` by the backup file each came from (its key, and the processing time it was
-        parsed with), found column-wise: a resealed date's records mostly pass here."""
+    ) -> Iterator[tuple[tuple[str | None, str | None], np.ndarray, np.ndarray]]:
+        """The Kafka partitions and offsets of `records`, by the backup file each came from (its
+        key, and the processing time it was parsed with), found column-wise: a resealed date's
+        records mostly pass here."""
+        names = ("_kafka_partition", "_kafka_offset")
+        if self.kind != "partitioned":
+            names = ("partition", "offset")
+        partitions, offsets = (
+            np.fromiter((r[name] for r in records), np.int64, len(records)) for name in names
+        )
         if not self.spans:
-            yield (self.one, self.processing_time), records
+            yield (self.one, self.processing_time), partitions, offsets
             return
-        partitions, offsets = kafka_columns(records, self.kind)
         for partition in np.unique(partitions).tolist():
-            at = np.flatnonzero(partitions == partition)
-            i = np.full(len(at), -1)
+            mine = offsets[partitions == partition]
+            i = np.full(len(mine), -1)
             if partition in self.spans:
-                i = np.searchsorted(self.firsts[partition], offsets[at], side="right") - 1
-            outside = (i < 0) | (offsets[at] > self.lasts.get(partition, _NONE)[i.clip(0)])
+                i = np.searchsorted(self.firsts[partition], mine, side="right") - 1
+            outside = (i < 0) | (mine > self.lasts.get(partition, _NONE)[i.clip(0)])
             if outside.any():
-                offset = offsets[at][outside.argmax()]
                 raise SealRefused(
-                    f"{self.key}: record {partition}@{offset} is in no backup file its header lists"
+                    f"{self.key}: record {partition}@{mine[outside.argmax()]} is in no backup "
+                    "file its header lists"
                 )
             for n in np.unique(i).tolist():
                 span = self.spans[partition][n]
-                yield (span.source, span.processing_time), [records[k] for k in at[i == n]]
+                at = mine[i == n]
+                yield (span.source, span.processing_time), np.full(len(at), partition), at
 
 
 class _TableRows:
