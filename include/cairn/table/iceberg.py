@@ -209,8 +209,9 @@ def _dates_that_may_hold(
     if overlapping:
         terms.append(In(EVENT_DATE, overlapping))
     unindexed: set[tuple[date, date]] = set()
+    at = _date_field(table)
     for manifest in snapshot.manifests(table.io):
-        span = _date_span(table, manifest)
+        span = _date_span(manifest, at.get(manifest.partition_spec_id))
         if span is None:
             return NotEqualTo(EVENT_DATE, day)  # no date bounds: every other date may
         low, high = span
@@ -224,17 +225,23 @@ def _dates_that_may_hold(
     return And(NotEqualTo(EVENT_DATE, day), _any(terms)) if terms else None
 
 
-def _date_span(table: Table, manifest: ManifestFile) -> tuple[date, date] | None:
-    """The first and last `_event_date` of a manifest's files (None: it does not say)."""
-    spec = table.specs()[manifest.partition_spec_id]
-    by_date = [
-        isinstance(f.transform, IdentityTransform)
-        and table.schema().find_column_name(f.source_id) == EVENT_DATE
-        for f in spec.fields
-    ]
-    if True not in by_date or len(manifest.partitions or []) != len(by_date):
+def _date_field(table: Table) -> dict[int, int]:
+    """Per partition spec that has it, where `_event_date` (as it is) is among its fields."""
+    at = {}
+    for spec_id, spec in table.specs().items():
+        for i, field in enumerate(spec.fields):
+            name = table.schema().find_column_name(field.source_id)
+            if isinstance(field.transform, IdentityTransform) and name == EVENT_DATE:
+                at[spec_id] = i
+    return at
+
+
+def _date_span(manifest: ManifestFile, at: int | None) -> tuple[date, date] | None:
+    """The first and last `_event_date` of a manifest's files, that field `at` of its spec
+    (None: it does not say)."""
+    if at is None or len(manifest.partitions or []) <= at:
         return None
-    bounds = manifest.partitions[by_date.index(True)]
+    bounds = manifest.partitions[at]
     if bounds.lower_bound is None or bounds.upper_bound is None:
         return None
     low, high = (from_bytes(DateType(), b) for b in (bounds.lower_bound, bounds.upper_bound))
