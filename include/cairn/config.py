@@ -179,6 +179,10 @@ class TopicConfig(BaseModel):
     spark_timeout: timedelta = timedelta(minutes=30)
     """Kill a Spark job attempt (archive, rebuild) running longer, at least 1m; it is retried
     afresh. Safe at any moment: an attempt writes only its own staging until it commits."""
+    attempt_timeout: timedelta = timedelta(days=1)
+    """The longest an attempt (an archive run, a rebuild, a seal) may take from its plan to its
+    commit, retries and waits for a Spark slot included; one that takes longer is refused at its
+    commit, and what it left is removed by the next runs. Longer than spark_timeout."""
     lateness: timedelta | None = timedelta(hours=1)
     """How long after a date ends (Kafka time) its records may still arrive; then the date is
     complete (_SUCCESS, the asset event cairn.<topic>). null: no completeness."""
@@ -251,7 +255,9 @@ class TopicConfig(BaseModel):
             cause = (first.get("ctx") or {}).get("error")
             raise FieldError(where, str(cause) if cause else first["msg"]) from None
 
-    @field_validator("max_time_lag", "max_run_duration", "spark_timeout", mode="before")
+    @field_validator(
+        "max_time_lag", "max_run_duration", "spark_timeout", "attempt_timeout", mode="before"
+    )
     @classmethod
     def _max_time_lag(cls, value: Any) -> Any:
         if isinstance(value, str) and not value.startswith("P"):  # ISO 8601 as pydantic reads it
@@ -316,6 +322,16 @@ class TopicConfig(BaseModel):
         if value < timedelta(minutes=1):
             raise ValueError("must be at least 1m: Spark alone takes seconds to start")
         return value
+
+    @model_validator(mode="after")
+    def _attempt_timeout(self) -> TopicConfig:
+        if self.attempt_timeout <= self.spark_timeout:
+            raise FieldError(
+                "attempt_timeout",
+                f"must be longer than spark_timeout ({self.spark_timeout}): an attempt runs its "
+                "Spark job and then commits",
+            )
+        return self
 
     @model_validator(mode="after")
     def _completeness(self) -> TopicConfig:

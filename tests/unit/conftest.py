@@ -62,11 +62,12 @@ def claim_next(
     """Claim the token after the newest; the claim object holds just the claim (as a plan's
     `claim` field)."""
     base = commit.newest(storage, topic)
+    return commit.claim(storage, topic, kind, base, run_id, claim_body)
 
-    def body(claim: commit.Claim) -> bytes:
-        return json.dumps({"claim": claim.model_dump(mode="json")}).encode()
 
-    return commit.claim(storage, topic, kind, base, run_id, body)
+def claim_body(claim: commit.Claim) -> bytes:
+    """A claim object that holds just the claim (as a plan's `claim` field)."""
+    return json.dumps({"claim": claim.model_dump(mode="json")}).encode()
 
 
 def commit_next(storage: Storage, next_offsets: dict[int, int], **fields: Any) -> Token:

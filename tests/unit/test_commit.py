@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from datetime import date
+from datetime import UTC, date, datetime
 
 import pytest
 
-from cairn.protocol import commit, tokens
+from cairn.protocol import commit, leftovers, tokens
 from cairn.protocol.commit import BrokenPublication, Change, Conflict, Fenced
 from cairn.protocol.tokens import CorruptToken
 from cairn.storage.layout import (
@@ -24,7 +24,7 @@ from cairn.storage.layout import (
     token_key,
 )
 from cairn.storage.objects import Storage
-from tests.unit.conftest import T0, claim_next, commit_next
+from tests.unit.conftest import T0, claim_body, claim_next, commit_next
 
 TOPIC = "orders"
 HOUR = "dt=2024-05-01/hr=00"
@@ -55,6 +55,19 @@ def archive(storage: Storage, claim: commit.Claim, position: dict, keys=(), **kw
     return commit.commit(storage, claim, lambda: change)
 
 
+def created_unpublished(
+    storage: Storage, claim: commit.Claim, adds: dict[str, int], position: dict
+) -> tokens.Token:
+    """Commit `claim` as an archive run whose commit task dies right after creating its token."""
+    real_publish = commit.publish
+    commit.publish = lambda *_: None
+    try:
+        change = Change(requirements=ARCHIVE, adds=adds, position=position)
+        return commit.commit(storage, claim, lambda: change)
+    finally:
+        commit.publish = real_publish
+
+
 def test_first_commit_becomes_newest_and_records_the_head(storage):
     assert commit.newest(storage, TOPIC) is None
     token = archive(storage, claim_next(storage), {0: 10, 3: 7}, KEYS)
@@ -73,7 +86,7 @@ def test_runs_planned_from_the_same_position_exactly_one_commits(storage):
 
     def attempt(i: int) -> None:
         barrier.wait()
-        claim = commit.claim(storage, TOPIC, "archive", None, f"run-{i}", lambda c: b"{}")
+        claim = commit.claim(storage, TOPIC, "archive", None, f"run-{i}", claim_body)
         try:
             won.append(archive(storage, claim, {0: 10 * (i + 1)}))
         except Fenced as err:
@@ -238,9 +251,9 @@ def test_a_commit_that_crashed_while_publishing_is_finished_by_the_next_settle(
 
 
 def test_a_rewind_racing_a_commit_withdraws_its_token_and_publishes_nothing(storage, monkeypatch):
-    """A passes its requirements; token 1 is deleted by hand; B plans from the empty chain and
-    discards what it may; A's create of token 2 succeeds, but A stands on nothing: its token is
-    withdrawn, its files are not published, and B then commits."""
+    """A passes its requirements; token 1 is deleted by hand; A's create of token 2 succeeds,
+    but A stands on nothing: its token is withdrawn, its files are not published, its pending
+    mark is gone, and the next settle finds no token."""
     commit_next(storage, {0: 10})
     a = claim_next(storage)
     adds = stage(storage, a, KEYS)
@@ -250,39 +263,52 @@ def test_a_rewind_racing_a_commit_withdraws_its_token_and_publishes_nothing(stor
         real(self, storage_, claim_, newest)
         if claim_ is a:
             storage.delete(token_key(TOPIC, 1))
-            commit.discard_fenced(storage, claim_next(storage, run_id="b"))
 
     monkeypatch.setattr(commit.SamePosition, "check", rewind_then_check)
     with pytest.raises(Fenced, match="token 1 was deleted while this attempt committed"):
         commit.commit(storage, a, lambda: Change(requirements=ARCHIVE, adds=adds, position={0: 20}))
 
     assert tokens.seqs(storage, TOPIC) == [] and not data_files(storage)
+    assert not storage.exists(pending_key(TOPIC, a.attempt_id))
     assert commit.settle(storage, TOPIC) is None
 
 
-def test_a_token_left_above_a_hole_does_not_count_and_is_removed_naming_it(storage, caplog):
+def test_a_token_deleted_below_a_published_one_is_a_hole_not_a_rewind(storage, caplog):
     commit_next(storage, {0: 10})
     commit_next(storage, {0: 20})
     third = commit_next(storage, {0: 30})
     storage.delete(token_key(TOPIC, 2))  # a token that is not the newest, deleted by hand
 
     with caplog.at_level(logging.WARNING):
+        assert commit.settle(storage, TOPIC) == third
+    assert "token 2 below the newest token 3 is missing: a hole in the history" in caplog.text
+    assert tokens.seqs(storage, TOPIC) == [1, 3]
+    assert commit_next(storage, {0: 40}).seq == 4
+
+
+def test_a_token_still_publishing_above_a_missing_one_does_not_count_and_is_removed(
+    storage, caplog
+):
+    """A commit created token 3 on token 2, a rewind deleted token 2, and the commit died before
+    it saw that or published: token 3 does not count, and its offsets are read again."""
+    commit_next(storage, {0: 10})
+    commit_next(storage, {0: 20})
+    claim = claim_next(storage)
+    adds = stage(storage, claim, KEYS)
+    third = created_unpublished(storage, claim, adds, {0: 30})
+    storage.delete(token_key(TOPIC, 2))
+
+    with caplog.at_level(logging.WARNING):
         assert commit.settle(storage, TOPIC).seq == 1
     assert f"token 3 ({third.attempt_id}) stands above a missing or replaced token 2" in caplog.text
-    assert tokens.seqs(storage, TOPIC) == [1]
+    assert tokens.seqs(storage, TOPIC) == [1] and not data_files(storage)
 
 
 def test_a_token_whose_staged_files_vanished_is_never_published_as_done(storage, caplog):
     commit_next(storage, {0: 10})
     claim = claim_next(storage)
     adds = stage(storage, claim, KEYS)
-    change = Change(requirements=ARCHIVE, adds=adds, position={0: 20})
-    real_publish = commit.publish
-    commit.publish = lambda *_: None  # the commit task dies right after creating the token
-    try:
-        commit.commit(storage, claim, lambda: change)
-    finally:
-        commit.publish = real_publish
+    created_unpublished(storage, claim, adds, {0: 20})
     storage.delete_prefix(attempt_prefix(TOPIC, claim.attempt_id))  # staging deleted by hand
 
     with pytest.raises(BrokenPublication, match="promises files that are neither staged"):
@@ -293,7 +319,7 @@ def test_a_token_whose_staged_files_vanished_is_never_published_as_done(storage,
     assert not data_files(storage)
 
 
-def test_settle_and_checks_never_list_the_attempts_folder_nor_the_whole_chain(storage):
+def test_settle_checks_and_sweeps_never_list_the_whole_chain_nor_other_topics_attempts(storage):
     for i in range(30):
         commit_next(storage, {0: i + 1})
     calls: list[tuple[str, str]] = []
@@ -307,15 +333,22 @@ def test_settle_and_checks_never_list_the_attempts_folder_nor_the_whole_chain(st
             calls.append((prefix, "*"))
             return super().list(prefix)
 
+        def children(self, prefix):
+            calls.append((prefix, "/"))
+            return super().children(prefix)
+
     counting = Counting(storage.url)
     claim = claim_next(counting)
     calls.clear()
     commit.settle(counting, TOPIC)
     commit.check_live(counting, claim)
-    commit.discard_fenced(counting, claim)
+    leftovers.sweep(counting, TOPIC, spare=claim.attempt_id)
 
-    assert not [c for c in calls if c[0].startswith("_attempts/")]
-    assert all(c[1] >= f"{29:012d}" for c in calls if c[0].startswith("_tokens/")), calls
+    tokens_listed = [c for c in calls if c[0].startswith("_tokens/") and c[1] != "/"]
+    assert all(c[1] >= f"{29:012d}" for c in tokens_listed), calls
+    swept = {c[0] for c in calls if c[0].startswith(("_attempts/", "_publishing/"))}
+    assert swept == {f"_attempts/{TOPIC}/", f"_publishing/{TOPIC}/"}
+    assert not [c for c in calls if c[1] == "*"]
 
 
 def test_newest_is_found_below_a_recorded_head_a_rewind_left_behind(storage):
@@ -329,17 +362,19 @@ def test_newest_is_found_below_a_recorded_head_a_rewind_left_behind(storage):
     assert commit.newest(storage, TOPIC).seq == 6
 
 
-def test_discarding_leaves_pending_newer_and_own_attempts_alone(storage):
+def test_a_sweep_removes_fenced_attempts_and_leaves_pending_newer_and_own_ones_alone(storage):
     commit_next(storage, {0: 1})
     older, pending, mine, newer = (claim_next(storage, run_id=str(i)) for i in range(4))
     for claim in (older, pending, mine, newer):
         stage(storage, claim, KEYS[:1])
-    storage.write(pending_key(TOPIC, pending.attempt_id), b"x")
+    mark = commit.Pending(attempt_id=pending.attempt_id, seq=2, at=datetime.now(UTC))
+    storage.write(pending_key(TOPIC, pending.attempt_id), mark.model_dump_json().encode())
 
-    assert commit.discard_fenced(storage, mine) == [older.attempt_id]
+    assert leftovers.sweep(storage, TOPIC, spare=mine.attempt_id) == [older.attempt_id]
     assert sorted(storage.children(f"_attempts/{TOPIC}/")) == sorted(
         attempt_prefix(TOPIC, c.attempt_id) for c in (pending, mine, newer)
     )
+    assert "fenced out" in commit.load_claim(storage, TOPIC, older.attempt_id).withdrawn_because
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from cairn.pipeline.plan import Span, Watermarks
 from cairn.protocol import commit, rewind, tokens
 from cairn.storage.layout import backup_key, parse_data_key, token_key
 from cairn.storage.objects import Storage
-from tests.unit.conftest import archive_records, commit_next
+from tests.unit.conftest import archive_records, claim_body, commit_next
 from tests.unit.test_rebuild import config as rebuild_config
 
 TOPIC = "orders"
@@ -100,9 +100,7 @@ def test_a_re_read_replaces_every_kind_of_rewound_file_in_its_ranges_and_nothing
 
 
 def test_rewind_by_count_takes_back_archive_runs_and_the_tokens_above_them(storage, archived):
-    claim = commit.claim(
-        storage, TOPIC, "rebuild", commit.newest(storage, TOPIC), "r", lambda c: b"{}"
-    )
+    claim = commit.claim(storage, TOPIC, "rebuild", commit.newest(storage, TOPIC), "r", claim_body)
     commit.commit(
         storage, claim, lambda: commit.Change(requirements=[], adds={})
     )  # token 5: a rebuild

@@ -21,7 +21,7 @@ from cairn.config import TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
-from cairn.protocol import commit, manifest, rewind, tokens
+from cairn.protocol import commit, leftovers, manifest, rewind, tokens
 from cairn.storage.layout import chain_folder, claims_folder, manifest_key
 from cairn.storage.objects import Storage
 from cairn.views import status
@@ -170,7 +170,13 @@ def plan_run(
         )
 
     claim = commit.claim(
-        storage, topic, "archive", token, run_id, lambda c: made(c).model_dump_json().encode()
+        storage,
+        topic,
+        "archive",
+        token,
+        run_id,
+        lambda c: made(c).model_dump_json().encode(),
+        cfg.attempt_timeout,
     )
     return made(claim)
 
@@ -178,8 +184,8 @@ def plan_run(
 def save_attempt(
     cfg: TopicConfig, storage: Storage, planned: Planned, results: list[PartitionResult]
 ) -> manifest.Manifest:
-    """The attempt manifest of what the writers staged (the Spark job's last step), saved only
-    while the claim is live."""
+    """The attempt manifest of what the writers staged (the Spark job's last step), staged with
+    them only while the claim is live."""
     attempt = manifest.Manifest(
         topic=planned.topic,
         attempt_id=planned.attempt_id,
@@ -194,25 +200,23 @@ def save_attempt(
         parses=cfg.parses,
     )
     commit.check_live(storage, planned.claim)
-    manifest.save(storage, attempt)
+    manifest.save(planned.staged(storage), attempt)
     return attempt
 
 
 def clean_run(storage: Storage, planned: Planned) -> list[str]:
-    """Discard what attempts this run fenced out left staged (never a data file: rewound files
-    stay readable until this run's commit replaces them)."""
+    """Remove what attempts that can no longer commit left (`cairn.protocol.leftovers`: those
+    this run fenced out among them), never a data file: rewound files stay readable until this
+    run's commit replaces them."""
     commit.check_live(storage, planned.claim)
-    discarded = commit.discard_fenced(storage, planned.claim)
-    for attempt in discarded:
-        log.info("topic %s: discarded the staging of fenced-out attempt %s", planned.topic, attempt)
-    return discarded
+    return leftovers.sweep(storage, planned.topic, spare=planned.attempt_id)
 
 
 def verify_run(storage: Storage, planned: Planned) -> manifest.VerifyReport:
     commit.check_live(storage, planned.claim)
     if planned.plan.empty:  # the run only records a position (new partitions, a gap)
         return manifest.VerifyReport(counts=tokens.Counts(), partitions={})
-    attempt = manifest.load(storage, planned.manifest_key)
+    attempt = manifest.load(planned.staged(storage), planned.manifest_key)
     if attempt.attempt_id != planned.attempt_id:
         raise manifest.VerificationFailed(
             f"{planned.manifest_key} belongs to attempt {attempt.attempt_id}, not "
@@ -254,7 +258,8 @@ def commit_token(
     files it read again out. Safe to retry at any point (`cairn.protocol.commit.commit`)."""
 
     def change() -> commit.Change:
-        files = [] if planned.plan.empty else manifest.load(storage, planned.manifest_key).files
+        staged = planned.staged(storage)
+        files = [] if planned.plan.empty else manifest.load(staged, planned.manifest_key).files
         return commit.Change(
             requirements=[commit.SamePosition(), commit.NewestClaim(), SameTopic(kafka, planned)],
             adds={f.key: f.bytes for f in files},
@@ -271,7 +276,8 @@ def commit_token(
             },
         )
 
-    return commit.commit(storage, planned.claim, change)
+    with leftovers.refused(storage, planned.claim):
+        return commit.commit(storage, planned.claim, change)
 
 
 def _commit_group(

@@ -45,7 +45,7 @@ from cairn.datafiles.sealed_file import sources_of
 from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
 from cairn.errors import PermanentError
 from cairn.formats import Registries
-from cairn.protocol import commit
+from cairn.protocol import commit, leftovers
 from cairn.protocol.manifest import FileEntry, VerificationFailed
 from cairn.protocol.tokens import Rebuilt, Token
 from cairn.storage.layout import (
@@ -152,6 +152,7 @@ def select(
     """Claim a rebuild of `dates`; None if there is nothing to re-derive there."""
     topic = cfg.topic
     newest = commit.settle(storage, topic)
+    leftovers.sweep(storage, topic)
     if newest is None:
         return None
     position = newest.next_offsets
@@ -170,7 +171,13 @@ def select(
         return Selection(claim=claim, dates=days, sources=sources)
 
     claim = commit.claim(
-        storage, topic, "rebuild", newest, run_id, lambda c: made(c).model_dump_json().encode()
+        storage,
+        topic,
+        "rebuild",
+        newest,
+        run_id,
+        lambda c: made(c).model_dump_json().encode(),
+        cfg.attempt_timeout,
     )
     return made(claim)
 
@@ -180,14 +187,15 @@ def load_selection(storage: Storage, claim_key: str) -> Selection:
 
 
 def save_attempt(storage: Storage, chosen: Selection, results: list[RebuildResult]) -> str:
-    """Store what the Spark job staged (the commit task reads it)."""
+    """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it)."""
     attempt = RebuildAttempt(
         topic=chosen.claim.topic,
         attempt_id=chosen.claim.attempt_id,
         results=results,
         created_at=datetime.now(UTC),
     )
-    storage.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
+    staged = commit.staged(storage, chosen.claim)
+    staged.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
     return chosen.manifest_key
 
 
@@ -202,13 +210,14 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
     """Replace R's files by the re-derived ones, or refuse and change nothing (see module doc).
 
     Safe to retry: a rebuild that already committed returns its token (its publication
-    finished); one refused discards its staged files."""
+    finished); one refused leaves nothing behind."""
     claim = chosen.claim
 
     def change() -> commit.Change:
-        results = load_attempt(storage, chosen.manifest_key).results
+        staged = commit.staged(storage, claim)
+        results = load_attempt(staged, chosen.manifest_key).results
         new_files = _accounted(chosen, results)
-        verify_rebuild(commit.staged(storage, claim), new_files)
+        verify_rebuild(staged, new_files)
         rebuilt = Rebuilt(
             dates=chosen.dates,
             snapshot_seq=claim.base_seq,
@@ -220,11 +229,8 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
             {"generation": cfg.generation, "manifest": chosen.manifest_key, "rebuilt": rebuilt},
         )
 
-    try:
+    with leftovers.refused(storage, claim):
         return commit.commit(storage, claim, change)
-    except PermanentError:
-        commit.discard(storage, claim)
-        raise
 
 
 def _accounted(chosen: Selection, results: list[RebuildResult]) -> list[FileEntry]:

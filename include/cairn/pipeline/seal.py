@@ -36,8 +36,9 @@ import copy
 import io
 import itertools
 import json
+import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import IO, TYPE_CHECKING, Literal
 
@@ -80,7 +81,7 @@ from cairn.pipeline.proof import (
     write_proof,
 )
 from cairn.pipeline.rebuild import day_versions
-from cairn.protocol import commit, tokens
+from cairn.protocol import commit, leftovers, tokens
 from cairn.protocol.tokens import Sealed, Token
 from cairn.storage.layout import (
     DataFile,
@@ -90,6 +91,7 @@ from cairn.storage.layout import (
     parse_data_key,
     sealed_file_name,
     table_file_name,
+    table_folder,
 )
 from cairn.storage.objects import Storage
 from cairn.table.catalog import TableTarget
@@ -97,6 +99,8 @@ from cairn.table.catalog import TableTarget
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
     from cairn.table.iceberg import IcebergCatalog
+
+log = logging.getLogger(__name__)
 
 
 class SealRefused(PermanentError):
@@ -141,6 +145,11 @@ class Selection(BaseModel):
         """The schema of the date's table files: the parsed records and `_event_date`."""
         parsed = avro_to_arrow(self.schema_of("partitioned"))
         return parsed.append(pa.field(EVENT_DATE, pa.date32(), False))
+
+    def reach(self, table: Storage | None) -> dict[str, Storage]:
+        """Where this seal writes outside the archive root, opened (`table`: the table's
+        location), for `cairn.protocol.leftovers`."""
+        return {self.table.location: table} if self.table and table else {}
 
     @property
     def inputs(self) -> dict[str, SealInput]:
@@ -220,15 +229,30 @@ def select(
     run_id: str,
     table: TableTarget | None = None,
 ) -> Selection | None:
-    """Claim a seal of `day`; None if it is not complete, has no files, or was sealed to the
-    end (files, table, proof) and its unsealed part is below the re-seal threshold. A seal that
-    did not finish (its commit task gave up between the token and the proof) or that had no
-    table to write while `table` is now given is done again, whole."""
+    """Claim a seal of `day`; None if it is not complete, has no files, holds files a rewind
+    set back (they are read again first: the seal waits), or was sealed to the end (files,
+    table, proof) and its unsealed part is below the re-seal threshold. A seal that did not
+    finish (its commit task gave up between the token and the proof) or that had no table to
+    write while `table` is now given is done again, whole. What attempts that can no longer
+    commit left is removed first (`cairn.protocol.leftovers`)."""
     topic = cfg.topic
     through = completeness.load_state(storage, topic).through
     if through is None or day > through:
         return None
+    newest = commit.settle(storage, topic)
+    leftovers.sweep(storage, topic)
     files = day_versions(storage, topic, cfg.path_format, day)
+    rewound = rewound_files(files, newest)
+    if rewound:
+        log.info(
+            "topic %s %s: %d files were set back by a rewind (%s ...): the seal waits until "
+            "the archive has read them again",
+            topic,
+            day,
+            len(rewound),
+            rewound[0],
+        )
+        return None
     unsealed = [f for f in files if not f.sealed]
     if len(unsealed) < len(files) and finished(storage, cfg, day, files, table):
         late = sum(_size(files[f]) for f in unsealed)
@@ -241,7 +265,6 @@ def select(
         folders[f.kind, f.folder].append(
             SealInput(key=f.key, version=version, bytes=_size(version))
         )
-    newest = commit.settle(storage, topic)
 
     def made(claim: commit.Claim) -> Selection:
         return Selection(
@@ -255,9 +278,25 @@ def select(
         )
 
     claim = commit.claim(
-        storage, topic, "seal", newest, run_id, lambda c: made(c).model_dump_json().encode()
+        storage,
+        topic,
+        "seal",
+        newest,
+        run_id,
+        lambda c: made(c).model_dump_json().encode(),
+        cfg.attempt_timeout,
+        [commit.Outside(root=table.location, folder=table_folder(day))] if table else [],
     )
     return made(claim)
+
+
+def rewound_files(files: Iterable[DataFile], newest: Token | None) -> list[str]:
+    """The run files among `files` at or after the position: a rewind set them back, and the
+    next archive run reads their offsets again and replaces them."""
+    position = newest.next_offsets if newest else {}
+    return sorted(
+        f.key for f in files if not f.sealed and f.first_offset >= position.get(f.partition, 0)
+    )
 
 
 def finished(
@@ -428,16 +467,19 @@ def _closed(chunk: SealedFileWriter, tally: SourceTally, staged: Storage) -> Sea
     return SealedFile(key=chunk.key, records=chunk.blocks.records, bytes=size)
 
 
-def check_inputs(storage: Storage, chosen: Selection) -> None:
+def check_inputs(storage: Storage, chosen: Selection, table: Storage | None = None) -> None:
     """Raise Fenced or Conflict (permanent) if the seal can no longer commit: a rewind, or
-    another seal, a rebuild or a rewind replaced a file it reads. Its Spark job failing on such
-    a file then needs no retry; the date is sealed again from what is there now."""
-    commit.check_live(storage, chosen.claim)
-    commit.FilesCurrent(chosen.versions()).check(storage, chosen.claim, None)
+    another seal, a rebuild or a rewind replaced a file it reads; what it wrote is then removed
+    (`table`: the table's location, for its table files). Its Spark job failing on such a file
+    then needs no retry; the date is sealed again from what is there now."""
+    with leftovers.refused(storage, chosen.claim, chosen.reach(table)):
+        commit.check_live(storage, chosen.claim)
+        commit.FilesCurrent(chosen.versions()).check(storage, chosen.claim, None)
 
 
 def save_attempt(storage: Storage, chosen: Selection, folders: list[FolderResult]) -> str:
-    """Store what the Spark job staged (the commit task reads it), while the claim is live."""
+    """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it),
+    while the claim is live."""
     attempt = SealAttempt(
         topic=chosen.claim.topic,
         attempt_id=chosen.claim.attempt_id,
@@ -445,7 +487,8 @@ def save_attempt(storage: Storage, chosen: Selection, folders: list[FolderResult
         created_at=datetime.now(UTC),
     )
     commit.check_live(storage, chosen.claim)
-    storage.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
+    staged = commit.staged(storage, chosen.claim)
+    staged.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
     return chosen.manifest_key
 
 
@@ -456,14 +499,17 @@ def load_attempt(storage: Storage, key: str) -> SealAttempt:
         raise SealRefused(f"seal manifest {key} is unreadable: {err}") from None
 
 
-def commit_seal(storage: Storage, cfg: TopicConfig, chosen: Selection) -> tuple[Token, Proof]:
-    """Replace the date's files by the sealed ones through the one commit site, or refuse and
-    change nothing. Returns the seal's token and the date's proof (without the table's part,
+def commit_seal(
+    storage: Storage, cfg: TopicConfig, chosen: Selection, table: Storage | None = None
+) -> tuple[Token, Proof]:
+    """Replace the date's files by the sealed ones through the one commit site, or refuse,
+    change nothing and remove what the seal wrote (`table`: the table's location, for its table
+    files). Returns the seal's token and the date's proof (without the table's part,
     `cairn.table.iceberg` adds it). Safe to retry: a seal that committed returns its token."""
     claim = chosen.claim
 
     def change() -> commit.Change:
-        attempt = load_attempt(storage, chosen.manifest_key)
+        attempt = load_attempt(commit.staged(storage, claim), chosen.manifest_key)
         _check(storage, chosen, attempt)
         proof = attempt.proof(chosen)
         sealed = Sealed(
@@ -480,16 +526,14 @@ def commit_seal(storage: Storage, cfg: TopicConfig, chosen: Selection) -> tuple[
             {"generation": chosen.generation, "manifest": chosen.manifest_key, "sealed": sealed},
         )
 
-    try:
+    with leftovers.refused(storage, claim, chosen.reach(table)):
         token = commit.commit(storage, claim, change)
-    except PermanentError:
-        commit.discard(storage, claim)
-        raise
     proof = load_attempt(storage, chosen.manifest_key).proof(chosen)
     return token, proof.model_copy(update={"token_seq": token.seq})
 
 
 def table_files(storage: Storage, chosen: Selection) -> list[TableFile]:
+    """The table files of a committed seal (its manifest is in `_manifests/`)."""
     return [t for f in load_attempt(storage, chosen.manifest_key).folders for t in f.table_files]
 
 
@@ -646,35 +690,32 @@ def finish_seal(
     storage: Storage, cfg: TopicConfig, chosen: Selection, table: IcebergCatalog | None
 ) -> Proof:
     """The seal's commit task: commit the sealed files (`commit_seal`), replace the date in the
-    topic's Iceberg table (`table`, the catalog), and write the date's proof. Safe to retry at
-    any point. A seal refused leaves no table file behind."""
+    topic's Iceberg table (`table`, the catalog), and write the date's proof; then remove what
+    seals that can no longer commit left, in the table's location too. Safe to retry at any
+    point. A seal refused leaves no table file behind."""
     from cairn.table import iceberg  # pyiceberg: only in the task that commits to the table
 
-    try:
-        _, proof = commit_seal(storage, cfg, chosen)
-    except PermanentError:
-        if chosen.table is not None and table is not None:
-            for f in table_files(storage, chosen):
-                iceberg.delete_file(table, chosen.table, f.path)
-        raise
-    if chosen.table is not None and table is not None:
-        files = [f.path for f in table_files(storage, chosen)]
+    where = chosen.table if table is not None else None
+    files = iceberg.location_storage(table, where) if table is not None and where else None
+    _, proof = commit_seal(storage, cfg, chosen, files)
+    if where is not None:
         done = iceberg.replace_date(
             table,
-            chosen.table,
+            where,
             chosen.table_schema(),
             chosen.date,
-            files,
+            [f.path for f in table_files(storage, chosen)],
             chosen.claim.attempt_id,
             table_summary(proof),
             offset_ranges(proof),
         )
         proof = proof.model_copy(
             update={
-                "table": chosen.table.identifier,
+                "table": where.identifier,
                 "table_records": done.records,
                 "snapshot_id": done.snapshot_id,
             }
         )
     write_proof(storage, cfg, proof)
+    leftovers.sweep(storage, cfg.topic, chosen.reach(files))
     return proof

@@ -22,36 +22,47 @@ sink), an attempt:
    create-if-absent (S3 `If-None-Match: *`, a hard link on local disk). If another commit took
    that seq first, the requirements are checked again against the new newest token: a rebuild
    commits after the archive runs that committed meanwhile, a second archive run stops.
-4. **publishes**: the staged files move into the data folders, the files the token replaces are
-   deleted (parsed and quarantine files before backup files), and every file the token promises
-   is checked to be in its data folder with its size; only then is the pending mark removed.
-   Anyone may finish a pending publication, and a publication is never taken as done because
-   something is missing: a crashed commit is finished by the next attempt.
+4. **publishes**: the staged files (and the attempt's manifest) move into place, the files the
+   token replaces are deleted (parsed and quarantine files before backup files), and every file
+   the token promises is checked to be in its data folder with its size; only then do the
+   staging and, last, the pending mark go. Anyone may finish a pending publication, and a
+   publication is never taken as done because something is missing: a crashed commit is
+   finished by the next attempt.
 
-**Which token counts.** The newest token is the position only if it stands on the token it was
-created on (it names that token's creation time) and its publication is whole. A token above a
-missing or replaced token (what a hand rewind leaves when it races a commit, or deleting a token
-that is not the newest) and a token whose staged files are gone before they were published are
-removed by the next `settle`, with a warning naming them: their offsets are read again, and their
-files, like every rewound file, stay in place until a commit holds those offsets again
-(`cairn.protocol.rewind`). So a record whose token counts is in the archive.
+An attempt that never commits (refused, fenced, crashed, past its deadline) leaves its claim
+withdrawn and nothing else: `cairn.protocol.leftovers` removes its staging, pending mark and the
+files it wrote outside the archive root. A commit checks, right after writing its pending mark,
+that its claim was not withdrawn, so a sweep never removes what a commit is publishing.
+
+**Which token counts.** The newest token is the position if its publication is whole and it
+stands on the token it was created on (it names that token's creation time). A rewind deletes
+tokens from the newest down. A token whose publication is still pending above a missing or
+replaced token (what a hand rewind leaves when it races a commit), and a token whose staged files
+are gone before they were published, are removed by the next `settle`, with a warning naming
+them: their offsets are read again, and their files, like every rewound file, stay in place
+until a commit holds those offsets again (`cairn.protocol.rewind`). A published token whose
+predecessor was deleted afterwards (a token deleted below the newest) still counts: its records
+are in the archive, so the deletion is a hole in the history, not a rewind, and `settle` warns
+of it. So a record whose token counts is in the archive, and only deleting the newest tokens
+moves the position back.
 
 **Costs.** Finding the newest token is one listing that starts at a known seq (the newest a commit
 recorded in `_heads/<topic>.json`, or the attempt's own base), never a listing of the whole chain;
-checking a claim lists only its seq's claims; nothing lists `_attempts/`.
+checking a claim lists only its seq's claims; a commit reads its own claim once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.errors import PermanentError
 from cairn.protocol import tokens
@@ -72,6 +83,11 @@ log = logging.getLogger(__name__)
 
 _TRIES = 20
 _PREFIX: dict[str, str] = {"archive": "a", "rebuild": "r", "seal": "s"}
+_KIND: dict[str, Kind] = {v: k for k, v in _PREFIX.items()}  # type: ignore[misc]
+_ATTEMPT_RE = re.compile(r"([ars])-(\d{12})-(\d{6})-[0-9a-f]+")
+LIFETIME = timedelta(days=1)
+"""How long an attempt may take from its claim to its commit, unless its topic says otherwise
+(`attempt_timeout`)."""
 
 
 class Fenced(PermanentError):
@@ -84,6 +100,14 @@ class Conflict(PermanentError):
 
 class BrokenPublication(PermanentError):
     """A committed token promises a file that is neither staged nor in its data folder."""
+
+
+class Outside(BaseModel):
+    """Where an attempt writes files outside the archive root (a seal's table files): in
+    `folder` under `root` (a URL), each named after the attempt (its id, then `-`)."""
+
+    root: str
+    folder: str
 
 
 class Claim(BaseModel):
@@ -100,6 +124,13 @@ class Claim(BaseModel):
     base_created_at: datetime | None
     base_offsets: dict[NonNegativeInt, NonNegativeInt] = {}
     created_at: datetime
+    deadline: datetime | None = None
+    """Its commit is refused after this (None: a claim made before Cairn recorded deadlines,
+    `created_at` + `LIFETIME`)."""
+    outside: list[Outside] = []
+    withdrawn_at: datetime | None = None
+    """Set when the attempt was found over (`cairn.protocol.leftovers`): it never commits."""
+    withdrawn_because: str | None = None
 
     @property
     def key(self) -> str:
@@ -109,6 +140,10 @@ class Claim(BaseModel):
     def label(self) -> str:
         return f"topic {self.topic!r} {self.kind} attempt {self.attempt_id} (token {self.seq})"
 
+    @property
+    def due(self) -> datetime:
+        return self.deadline or self.created_at + LIFETIME
+
 
 def claim(
     storage: Storage,
@@ -117,15 +152,19 @@ def claim(
     base: Token | None,
     run_id: str,
     body: Callable[[Claim], bytes],
+    lifetime: timedelta = LIFETIME,
+    outside: Sequence[Outside] = (),
 ) -> Claim:
     """Claim the token after `base` (the newest token the attempt planned from).
 
     `body(claim)` is what the claim object holds: the attempt's whole plan, so the later steps
-    (and the Spark job) read it by reference instead of carrying it in arguments.
+    (and the Spark job) read it by reference instead of carrying it in arguments. The attempt
+    must commit within `lifetime`; `outside` names what it writes outside the archive root.
     """
     seq = (base.seq if base else 0) + 1
     for _ in range(_TRIES):
         k = max(_claims_on(storage, topic, kind, seq), default=0) + 1
+        now = datetime.now(UTC)
         made = Claim(
             topic=topic,
             kind=kind,
@@ -136,7 +175,9 @@ def claim(
             base_seq=base.seq if base else 0,
             base_created_at=base.created_at if base else None,
             base_offsets=base.next_offsets if base else {},
-            created_at=datetime.now(UTC),
+            created_at=now,
+            deadline=now + lifetime,
+            outside=list(outside),
         )
         try:
             storage.create(made.key, body(made))
@@ -144,6 +185,28 @@ def claim(
         except ObjectExists:
             continue  # another planner took this k at the same moment: take the next one
     raise Fenced(f"topic {topic!r}: could not claim {kind} token {seq} in {_TRIES} tries")
+
+
+def load_claim(storage: Storage, topic: str, attempt_id: str) -> Claim | None:
+    """The claim of `attempt_id` as it is stored now (None: there is none, or it is unreadable)."""
+    found = _ATTEMPT_RE.fullmatch(attempt_id)
+    if found is None:
+        return None
+    key = claim_key(topic, _KIND[found[1]], int(found[2]), int(found[3]))
+    try:
+        stored = Claim.model_validate(json.loads(storage.read(key))["claim"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError, ValidationError):
+        return None
+    return stored if stored.attempt_id == attempt_id else None
+
+
+def withdraw(storage: Storage, claim: Claim, why: str) -> None:
+    """Mark the claim withdrawn: its attempt's commit is refused from now on (the claim stays,
+    the record of the attempt)."""
+    body = json.loads(storage.read(claim.key))
+    body["claim"]["withdrawn_at"] = datetime.now(UTC).isoformat()
+    body["claim"]["withdrawn_because"] = why
+    storage.write(claim.key, json.dumps(body).encode())
 
 
 def staged(storage: Storage, claim: Claim) -> Storage:
@@ -245,9 +308,23 @@ class NothingOverwritten:
             )
 
 
+@dataclass(frozen=True)
+class InTime:
+    """An attempt commits before its deadline: one past it is over, and its leftovers may go."""
+
+    def check(self, storage: Storage, claim: Claim, newest: Token | None) -> None:
+        if datetime.now(UTC) > claim.due:
+            raise Fenced(
+                f"{claim.label} is past its deadline {claim.due:%Y-%m-%d %H:%M:%S} UTC (the "
+                "topic's attempt_timeout after its claim): nothing of it was published; the next "
+                "run plans afresh"
+            )
+
+
 def live_requirements(kind: Kind) -> list[Requirement]:
     """What every step of an attempt checks before it changes anything (cheap checks only)."""
-    return [SamePosition(), NewestClaim()] if kind == "archive" else [NotRewound()]
+    first = [SamePosition(), NewestClaim()] if kind == "archive" else [NotRewound()]
+    return [*first, InTime()]
 
 
 def check_live(storage: Storage, claim: Claim) -> None:
@@ -287,25 +364,40 @@ def replacing(old: dict[str, str], new: dict[str, int], fields: dict[str, Any]) 
     )
 
 
+class Pending(BaseModel):
+    """A pending mark: `attempt_id` is about to create token `seq`, or has and is publishing."""
+
+    attempt_id: str
+    seq: PositiveInt | None = None
+    at: datetime | None = None
+    """When it was written (None: a mark written before Cairn recorded it)."""
+
+
 def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Token:
     """Commit `claim`'s attempt: the one place a token is created. Returns its token.
 
     Safe to retry at any point: a token that already names this attempt is success, and its
     publication is finished (`prepare`, which checks the attempt's work and says what to
     change, runs only when it has not committed yet). Raises Fenced or Conflict (nothing
-    changed) if a requirement fails.
+    changed, and no pending mark of it left) if a requirement fails or its claim was withdrawn.
     """
     done = committed(storage, claim)
     if done is not None:
         log.info("%s was already committed as token %s", claim.label, done.seq)
         publish(storage, done)
         return done
+    _check_held(storage, claim)  # a withdrawn attempt's staging may be gone: say so first
     change = prepare()
     replaces = sorted(set(change.replaces) - set(change.adds))
+    mark = pending_key(claim.topic, claim.attempt_id)
     for _ in range(_TRIES):
         newest = settle(storage, claim.topic, hint=claim.base_seq)
-        for requirement in change.requirements:
-            requirement.check(storage, claim, newest)
+        try:
+            for requirement in [*change.requirements, InTime()]:
+                requirement.check(storage, claim, newest)
+        except (Fenced, Conflict):
+            storage.delete(mark)  # an earlier try's create failed or lost: no token names it
+            raise
         token = Token(
             **change.fields,
             seq=(newest.seq if newest else 0) + 1,
@@ -320,7 +412,13 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
             run_id=claim.run_id,
             created_at=datetime.now(UTC),
         )
-        storage.write(pending_key(claim.topic, claim.attempt_id), claim.attempt_id.encode())
+        pending = Pending(attempt_id=claim.attempt_id, seq=token.seq, at=datetime.now(UTC))
+        storage.write(mark, pending.model_dump_json().encode())
+        try:
+            _check_held(storage, claim)  # after the mark: see cairn.protocol.leftovers
+        except Fenced:
+            storage.delete(mark)
+            raise
         try:
             storage.create(
                 token_key(claim.topic, token.seq), token.model_dump_json(indent=2).encode()
@@ -329,8 +427,7 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
             continue  # another commit took this seq: check the requirements against it
         if not _stands(storage, token):  # a hand rewind removed the token it was created on
             _remove(storage, token, "was created on a token that a rewind removed meanwhile")
-            storage.delete(pending_key(claim.topic, claim.attempt_id))  # nobody published it
-            discard(storage, claim)
+            storage.delete(mark)  # nobody published it
             raise Fenced(
                 f"{claim.label}: token {token.seq - 1} was deleted while this attempt committed "
                 f"on it (a rewind); token {token.seq} was withdrawn and nothing was published"
@@ -338,12 +435,8 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
         publish(storage, token)
         storage.write(head_key(claim.topic), json.dumps({"seq": token.seq}).encode())
         return token
+    storage.delete(mark)
     raise Fenced(f"{claim.label}: {_TRIES} other commits took the next token first")
-
-
-def discard(storage: Storage, claim: Claim) -> None:
-    """Discard the attempt's own staging: it failed for good (refused, nothing committed)."""
-    storage.delete_prefix(attempt_prefix(claim.topic, claim.attempt_id))
 
 
 def committed(storage: Storage, claim: Claim) -> Token | None:
@@ -379,6 +472,11 @@ def publish(storage: Storage, token: Token) -> None:
             continue
         if now != size:
             problems.append(f"{key} has {now} bytes, the token says {size}")
+    if token.manifest is not None:
+        try:
+            storage.move(prefix + token.manifest, token.manifest)
+        except FileNotFoundError:
+            problems.append(f"its manifest {token.manifest} is missing")
     if problems:
         raise BrokenPublication(
             f"topic {token.topic!r} token {token.seq} ({token.attempt_id}) promises files that "
@@ -386,8 +484,8 @@ def publish(storage: Storage, token: Token) -> None:
         )
     for key in sorted(token.replaces, key=_backups_last):
         storage.delete(key)
+    storage.delete_prefix(prefix)  # before the mark: staging without a mark was never committed
     storage.delete(marker)
-    storage.delete_prefix(prefix)
 
 
 def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | None:
@@ -397,9 +495,20 @@ def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | Non
         newest = _newest(storage, topic, hint)
         if newest is None:
             return None
-        if not _stands(storage, newest):
+        below = _below(storage, newest)
+        if below == "replaced" or (below == "missing" and _pending(storage, newest)):
             _remove(storage, newest, f"stands above a missing or replaced token {newest.seq - 1}")
         else:
+            if below == "missing":
+                log.warning(
+                    "topic %s: token %s below the newest token %s is missing: a hole in the "
+                    "history, not a rewind (a rewind deletes the newest tokens first), so the "
+                    "position stays at token %s",
+                    topic,
+                    newest.seq - 1,
+                    newest.seq,
+                    newest.seq,
+                )
             try:
                 publish(storage, newest)
                 return newest
@@ -411,29 +520,6 @@ def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | Non
 def newest(storage: Storage, topic: str) -> Token | None:
     """The newest token as it stands (for reading the position; a commit uses `settle`)."""
     return _newest(storage, topic, None)
-
-
-def discard_fenced(storage: Storage, claim: Claim) -> list[str]:
-    """Discard the staging of attempts that can no longer commit: the older claims on this
-    claim's seq (it fenced them out) and those on its base's seq that a newer claim fenced, except
-    any whose publication is pending. So a zombie's late writes are discarded by the next run."""
-    keys = storage.list_after(claims_folder(claim.topic, claim.kind), _claim_floor(claim.seq - 1))
-    by_seq: dict[int, list[tuple[int, str]]] = {}
-    for key in keys:
-        numbers = claim_numbers(key)
-        if numbers is not None and numbers[0] in (claim.seq - 1, claim.seq):
-            by_seq.setdefault(numbers[0], []).append((numbers[1], key))
-    fenced = [key for k, key in by_seq.get(claim.seq, []) if k < claim.k]
-    earlier = by_seq.get(claim.seq - 1, [])
-    fenced += [key for k, key in earlier if k < max(earlier)[0]]
-    discarded = []
-    for key in fenced:
-        other = _attempt_of(storage, key)
-        if other is None or storage.exists(pending_key(claim.topic, other)):
-            continue
-        storage.delete_prefix(attempt_prefix(claim.topic, other))
-        discarded.append(other)
-    return discarded
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -464,6 +550,16 @@ def _newest(storage: Storage, topic: str, hint: int | None) -> Token | None:
         step *= 2
 
 
+def _check_held(storage: Storage, claim: Claim) -> None:
+    """Raise Fenced if the claim was withdrawn (`cairn.protocol.leftovers`) or is gone."""
+    held = load_claim(storage, claim.topic, claim.attempt_id)
+    if held is None or held.withdrawn_at is not None:
+        raise Fenced(
+            f"{claim.label} was withdrawn ({held.withdrawn_because if held else 'no claim'}): "
+            "nothing of it was published; the next run plans afresh"
+        )
+
+
 def _recorded_head(storage: Storage, topic: str) -> int | None:
     try:
         return int(json.loads(storage.read(head_key(topic)))["seq"])
@@ -471,13 +567,26 @@ def _recorded_head(storage: Storage, topic: str) -> int | None:
         return None
 
 
-def _stands(storage: Storage, token: Token) -> bool:
+def _below(storage: Storage, token: Token) -> Literal["stands", "missing", "replaced"]:
     """Whether `token` stands on the token it was created on (tokens written before Cairn
-    recorded that, and the first token, stand)."""
+    recorded that, and the first token, stand), or that token is missing or another now."""
     if token.seq == 1 or token.base_created_at is None:
-        return True
+        return "stands"
     below = tokens.read(storage, token.topic, token.seq - 1)
-    return below is not None and below.created_at == token.base_created_at
+    if below is None:
+        return "missing"
+    return "stands" if below.created_at == token.base_created_at else "replaced"
+
+
+def _stands(storage: Storage, token: Token) -> bool:
+    return _below(storage, token) == "stands"
+
+
+def _pending(storage: Storage, token: Token) -> bool:
+    """Whether the token's publication has not finished (its pending mark is there)."""
+    return token.attempt_id is not None and storage.exists(
+        pending_key(token.topic, token.attempt_id)
+    )
 
 
 def _remove(storage: Storage, token: Token, why: str) -> None:
@@ -525,13 +634,6 @@ def _claims_on(storage: Storage, topic: str, kind: str, seq: int) -> list[int]:
 def _claim_floor(seq: int) -> str:
     """A name sorting just before every claim on `seq`."""
     return f"{seq - 1:012d}-999999.json"
-
-
-def _attempt_of(storage: Storage, key: str) -> str | None:
-    try:
-        return json.loads(storage.read(key))["claim"]["attempt_id"]
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _offsets(offsets: Mapping[int, int]) -> str:

@@ -192,9 +192,15 @@ def manifest_key(topic: str, attempt_id: str) -> str:
     return f"_manifests/{check_topic(topic)}/{check_id(attempt_id)}.json"
 
 
+def publishing_folder(topic: str) -> str:
+    """Where the pending marks of a topic's commits are (`pending_key`)."""
+    return f"_publishing/{check_topic(topic)}/"
+
+
 def pending_key(topic: str, attempt_id: str) -> str:
-    """Present while a committed attempt's files are not all in their data folders yet."""
-    return f"_publishing/{check_topic(topic)}/{check_id(attempt_id)}.json"
+    """Present from an attempt's first try to create its token until its files are all in
+    their data folders."""
+    return f"{publishing_folder(topic)}{check_id(attempt_id)}.json"
 
 
 @dataclass(frozen=True)
@@ -325,12 +331,17 @@ def proof_key(topic: str, folder: str) -> str:
     return f"partitioned/{check_topic(topic)}/{folder}/{SEALED_MARKER}"
 
 
+def table_folder(day: date) -> str:
+    """The folder of `day`'s table data files, relative to the table's location (Hive-style, as
+    Iceberg lays out an identity partition)."""
+    return f"data/_event_date={day.isoformat()}"
+
+
 def table_file_name(day: date, attempt_id: str, folder: int, chunk: int) -> str:
     """A table data file of `day`: chunk `chunk` of folder `folder` of seal attempt
-    `attempt_id`, relative to the table's location (Hive-style, as Iceberg lays out an identity
-    partition)."""
-    name = f"{check_id(attempt_id)}-{folder:05d}-{chunk:03d}.parquet"
-    return f"data/_event_date={day.isoformat()}/{name}"
+    `attempt_id`, relative to the table's location; named after the attempt, so what a seal
+    that never commits wrote is found by its name (`cairn.protocol.leftovers`)."""
+    return f"{table_folder(day)}/{check_id(attempt_id)}-{folder:05d}-{chunk:03d}.parquet"
 
 
 def status_folder(topic: str) -> str:

@@ -86,24 +86,30 @@ def target(catalog: Catalog, topic: str) -> TableTarget:
 
 def storage_options(catalog: Catalog) -> dict[str, Any]:
     """fsspec options that reach the table's files (its warehouse) as the catalog does."""
-    s3 = catalog.s3
-    if s3 is None:
-        return {}
-    options: dict[str, Any] = {"client_kwargs": {"region_name": s3.region}}
-    if s3.endpoint:
-        options["endpoint_url"] = s3.endpoint
-    if s3.access_key_id:
-        options["key"] = s3.access_key_id
-    if s3.secret_access_key:
-        options["secret"] = s3.secret_access_key.get_secret_value()
-    if s3.path_style_access:
-        options["config_kwargs"] = {"s3": {"addressing_style": "path"}}
-    return options
+    return _fsspec_options(pyiceberg_properties(catalog))
 
 
 def table_storage(catalog: Catalog, where: TableTarget) -> Storage:
     """The table's location as a `Storage`: where the seal job writes its Parquet files."""
     return Storage(where.location, **storage_options(catalog))
+
+
+def location_storage(catalog: IcebergCatalog, where: TableTarget) -> Storage:
+    """The same, from the loaded catalog (its S3 properties)."""
+    return Storage(where.location, **_fsspec_options(catalog.properties))
+
+
+def _fsspec_options(properties: dict[str, str]) -> dict[str, Any]:
+    """pyiceberg's S3 properties (`cairn.table.catalog.pyiceberg_properties`) as fsspec's."""
+    if "s3.region" not in properties:
+        return {}
+    options: dict[str, Any] = {"client_kwargs": {"region_name": properties["s3.region"]}}
+    named = {"s3.endpoint": "endpoint_url", "s3.access-key-id": "key"}
+    named["s3.secret-access-key"] = "secret"
+    options |= {ours: properties[theirs] for theirs, ours in named.items() if theirs in properties}
+    if properties.get("s3.force-virtual-addressing") == "false":
+        options["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+    return options
 
 
 class Replaced(BaseModel):

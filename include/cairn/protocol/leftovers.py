@@ -1,0 +1,200 @@
+"""What an attempt leaves behind until it commits, and the sweep that removes it once the attempt
+can never commit.
+
+Until it commits, an attempt of the commit protocol (`cairn.protocol.commit`: an archive run, a
+rebuild, a seal) has:
+- its claim `_claims/<topic>/<kind>/<seq>-<k>.json`, its plan. It stays as the record of the
+  attempt; a withdrawn claim says when and why the attempt was given up;
+- its staging `_attempts/<topic>/<attempt>/`: its files and its manifest, under their final keys;
+- its pending mark `_publishing/<topic>/<attempt>.json`, from its commit's first try to create
+  a token until its publication is whole;
+- files it wrote outside the archive root, named after it, in the folders its claim names
+  (`commit.Outside`: a seal's table files).
+A commit moves the staged files and manifest into place, then removes the staging and, last,
+the mark. What an attempt that never commits leaves is removed here: by `abandon` when it is
+refused, and by `sweep` for attempts that died at any step. Every archive run sweeps in its
+clean step, every rebuild and seal when it selects, and a seal's commit step also reaches the
+table's location.
+
+**Over.** An attempt can never commit when its claim was withdrawn, it is past its deadline (its
+topic's `attempt_timeout` after its claim: `commit` refuses it after that), or its live
+requirements fail (`commit.live_requirements`: an archive run fenced by a newer claim, or planned
+from a position that has moved; a rebuild or seal planned before a rewind). With a pending mark,
+only once the mark is older than `MARGIN` and the newest token does not name it: a commit
+rewrites its mark at every try, so it is not between its mark and its token's create, and a
+token that names it is `commit.settle`'s to publish.
+
+**Nothing live is removed.** `abandon` first withdraws the claim, then looks at the pending mark
+again; a commit writes its mark, then reads its claim (`commit.commit`). So either the commit
+sees the withdrawal and stops, removing its own mark, or `abandon` sees a fresh mark and leaves
+everything for a later sweep: staged files are never removed while a commit might publish them.
+What a committed attempt published is in the data folders and `_manifests/`, where neither looks.
+
+**Costs.** A sweep lists `_attempts/<topic>/` and `_publishing/<topic>/`, which hold only
+attempts that are running or not yet swept, and reads the claim of each (at most `BATCH` a
+sweep, the rest at the next): never the chain or the history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+
+from pydantic import ValidationError
+
+from cairn.errors import PermanentError
+from cairn.protocol import commit
+from cairn.protocol.commit import Claim, Conflict, Fenced, Pending
+from cairn.protocol.tokens import Token
+from cairn.storage.layout import (
+    attempt_prefix,
+    attempts_folder,
+    check_id,
+    pending_key,
+    publishing_folder,
+)
+from cairn.storage.objects import Storage
+
+log = logging.getLogger(__name__)
+
+MARGIN = timedelta(minutes=10)
+"""A pending mark younger than this may belong to a commit that is creating its token."""
+BATCH = 50
+"""At most this many attempts are looked at in one sweep."""
+
+Elsewhere = Mapping[str, Storage]
+"""The places outside the archive root a caller can reach, by root URL (`commit.Outside.root`)."""
+
+
+def sweep(
+    storage: Storage,
+    topic: str,
+    elsewhere: Elsewhere | None = None,
+    spare: str | None = None,
+    now: datetime | None = None,
+) -> list[str]:
+    """Remove what every attempt of `topic` that is over left (module doc), but `spare` (the
+    caller's own attempt); an attempt whose outside files are not in `elsewhere` keeps them, and
+    its staging, for a sweep that reaches them. Returns the attempts it removed."""
+    now = now or datetime.now(UTC)
+    found = set(_names(storage, attempts_folder(topic), "/"))
+    found |= set(_names(storage, publishing_folder(topic), ".json"))
+    found.discard(spare or "")
+    if not found:
+        return []
+    newest = commit.newest(storage, topic)
+    removed = []
+    for attempt_id in sorted(found)[:BATCH]:
+        claim = commit.load_claim(storage, topic, attempt_id)
+        why = over(storage, topic, attempt_id, claim, newest, now)
+        if why is not None and abandon(storage, topic, attempt_id, why, elsewhere, now):
+            log.info("topic %s: removed what attempt %s left: %s", topic, attempt_id, why)
+            removed.append(attempt_id)
+    return removed
+
+
+def over(
+    storage: Storage,
+    topic: str,
+    attempt_id: str,
+    claim: Claim | None,
+    newest: Token | None,
+    now: datetime,
+) -> str | None:
+    """Why the attempt can never commit (module doc), or None while it may."""
+    if _committing(storage, topic, attempt_id, now, newest):
+        return None
+    if claim is None:
+        return "it has no claim"
+    if claim.withdrawn_at is not None:
+        return f"withdrawn: {claim.withdrawn_because}"
+    if now > claim.due:
+        return f"past its deadline {claim.due:%Y-%m-%d %H:%M:%S} UTC"
+    try:
+        for requirement in commit.live_requirements(claim.kind):
+            requirement.check(storage, claim, newest)
+    except (Fenced, Conflict) as err:
+        return str(err)
+    return None
+
+
+def abandon(
+    storage: Storage,
+    topic: str,
+    attempt_id: str,
+    why: str,
+    elsewhere: Elsewhere | None = None,
+    now: datetime | None = None,
+) -> bool:
+    """Withdraw the attempt (it never commits after this), then remove its files outside the
+    archive root, its staging and its pending mark. False, removing nothing, while a commit of it
+    may be under way (a fresh mark, or the newest token names it) or its outside files are out
+    of `elsewhere`'s reach: a later sweep finishes it."""
+    now = now or datetime.now(UTC)
+    claim = commit.load_claim(storage, topic, attempt_id)
+    if claim is not None and claim.withdrawn_at is None:
+        commit.withdraw(storage, claim, why)
+    if _committing(storage, topic, attempt_id, now):
+        return False
+    places = elsewhere or {}
+    outside = claim.outside if claim is not None else []
+    if any(o.root not in places for o in outside):
+        return False
+    for o in outside:
+        place = places[o.root]
+        for key in place.list_after(o.folder, "", beginning=f"{attempt_id}-"):
+            place.delete(key)
+    storage.delete_prefix(attempt_prefix(topic, attempt_id))
+    storage.delete(pending_key(topic, attempt_id))
+    return True
+
+
+@contextmanager
+def refused(storage: Storage, claim: Claim, elsewhere: Elsewhere | None = None) -> Iterator[None]:
+    """Abandon the attempt when the block fails for good (a PermanentError: it was refused or
+    fenced, its work is wrong), so a refused attempt leaves nothing for a sweep."""
+    try:
+        yield
+    except PermanentError as err:
+        abandon(storage, claim.topic, claim.attempt_id, str(err), elsewhere)
+        raise
+
+
+def _names(storage: Storage, folder: str, ending: str) -> list[str]:
+    """The attempt ids of the entries of `folder` that end with `ending` (one listing)."""
+    names = []
+    for entry in storage.children(folder):
+        name = entry.rstrip("/").rsplit("/", 1)[-1].removesuffix(".json")
+        if entry.endswith(ending):
+            try:
+                names.append(check_id(name))
+            except ValueError:
+                continue
+    return names
+
+
+def _mark(storage: Storage, topic: str, attempt_id: str) -> Pending | None:
+    try:
+        raw = storage.read(pending_key(topic, attempt_id))
+    except FileNotFoundError:
+        return None
+    try:
+        return Pending.model_validate_json(raw)
+    except (ValidationError, ValueError):
+        return Pending(attempt_id=attempt_id)  # a mark of an older Cairn: its bare attempt id
+
+
+def _committing(
+    storage: Storage, topic: str, attempt_id: str, now: datetime, newest: Token | None = None
+) -> bool:
+    """Whether a commit of the attempt may be under way: it has a pending mark younger than
+    `MARGIN`, or one that the newest token names (read unless given)."""
+    mark = _mark(storage, topic, attempt_id)
+    if mark is None:
+        return False
+    if mark.at is not None and now - mark.at < MARGIN:
+        return True
+    newest = newest or commit.newest(storage, topic)
+    return newest is not None and newest.attempt_id == attempt_id
