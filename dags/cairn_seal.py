@@ -19,6 +19,7 @@ from airflow.sdk import DAG, Param, PartitionedAssetTimetable, get_current_conte
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.errors import PermanentError
+from cairn.table.catalog import SEALS_AT_ONCE
 from cairn_assets import topic_asset
 from cairn_catalog import catalog
 from cairn_connections import storage
@@ -61,6 +62,7 @@ def seal_dag(cfg: TopicConfig) -> DAG:
         schedule=PartitionedAssetTimetable(assets=topic_asset(topic)),
         start_date=datetime(2024, 1, 1),
         catchup=False,
+        max_active_runs=SEALS_AT_ONCE,
         default_args={"owner": "cairn", "retries": 2},
         tags=["cairn", "seal"],
         params={"date": Param("", type="string", description="the date to seal (YYYY-MM-DD)")},

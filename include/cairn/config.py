@@ -194,6 +194,9 @@ class TopicConfig(BaseModel):
     """Seal a sealed date again once this many of its files are not sealed (late records)..."""
     reseal_mb: int = Field(default=64, gt=0)
     """... or once they hold this many MB."""
+    table_snapshot_age: timedelta = timedelta(days=7)
+    """How long the table's snapshots stay for time travel: at each seal, older ones are
+    expired, with the files only they referenced, and a proof whose snapshot went says so."""
     format_settings: Any = Field(default=None, validate_default=True)
     """The format's own section, named after it (avro: {...})."""
 
@@ -256,7 +259,12 @@ class TopicConfig(BaseModel):
             raise FieldError(where, str(cause) if cause else first["msg"]) from None
 
     @field_validator(
-        "max_time_lag", "max_run_duration", "spark_timeout", "attempt_timeout", mode="before"
+        "max_time_lag",
+        "max_run_duration",
+        "spark_timeout",
+        "attempt_timeout",
+        "table_snapshot_age",
+        mode="before",
     )
     @classmethod
     def _max_time_lag(cls, value: Any) -> Any:

@@ -46,13 +46,18 @@ def test_ranges_cover_every_offset_and_cut_at_the_widest_gaps():
     ]
 
 
-def test_the_index_reads_back_from_properties_and_says_which_ranges_overlap():
+def test_the_index_reads_back_from_its_file_and_says_which_ranges_overlap(tmp_path):
+    catalog, where = table_in(tmp_path)
+    (tmp_path / "warehouse" / "orders" / "data").mkdir(parents=True)
+    seal(catalog, where, FIRST, range(7, 10))
     ranges = {"0": [[7, 7], [9, 9]], "1": [[2, 3]]}
+    table = catalog.load_table(where.identifier)
 
-    entry = offset_index.entry(FIRST, ranges)
+    path = offset_index.store(table, {FIRST: ranges})
 
-    broken = {f"{offset_index.PREFIX}2024-06-02": "{not json", "other": "x"}
-    assert offset_index.read(entry | broken) == {FIRST: ranges}
+    with table.transaction() as txn:
+        txn.set_properties({offset_index.POINTER: path})
+    assert offset_index.load(catalog.load_table(where.identifier)) == {FIRST: ranges}
     assert offset_index.overlaps(ranges, {"1": [[3, 40]]})
     assert not offset_index.overlaps(ranges, {"0": [[8, 8]], "1": [[4, 40]], "2": [[0, 9]]})
 
@@ -89,58 +94,72 @@ def opened(monkeypatch) -> list[str]:
     return paths
 
 
-def manifests_read_by_sealing(catalog, where, day: date, offsets: range, opened) -> list[str]:
+def manifests_read_by_sealing(catalog, where, day: date, offsets: range, opened) -> set[str]:
+    """The table's manifests that sealing `day` reads (not those it writes itself)."""
+    table = catalog.load_table(where.identifier)
+    before = {m.manifest_path for m in table.current_snapshot().manifests(table.io)}
     opened.clear()
     seal(catalog, where, day, offsets)
-    return [p for p in opened if p.endswith(".avro") and "snap-" not in p]
+    return before & set(opened)
 
 
 def test_a_seal_reads_no_manifest_of_dates_that_cannot_hold_its_offsets_however_many_there_are(
     tmp_path, opened
 ):
+    """A date of each month (manifests are merged by month): the manifests a seal reads are as
+    many after 3 months as after 12, and a date its records moved from adds that date's."""
     catalog, where = table_in(tmp_path)
     (tmp_path / "warehouse" / "orders" / "data").mkdir(parents=True)
+    month = timedelta(days=31)
     for i in range(3):
-        seal(catalog, where, FIRST + timedelta(days=i), range(100 * i, 100 * i + 100))
-    after_3 = manifests_read_by_sealing(
-        catalog, where, FIRST + timedelta(3), range(300, 400), opened
-    )
+        seal(catalog, where, FIRST + i * month, range(100 * i, 100 * i + 100))
+    after_3 = manifests_read_by_sealing(catalog, where, FIRST + 3 * month, range(300, 400), opened)
     for i in range(4, 12):
-        seal(catalog, where, FIRST + timedelta(days=i), range(100 * i, 100 * i + 100))
+        seal(catalog, where, FIRST + i * month, range(100 * i, 100 * i + 100))
 
     after_12 = manifests_read_by_sealing(
-        catalog, where, FIRST + timedelta(12), range(1200, 1300), opened
+        catalog, where, FIRST + 12 * month, range(1200, 1300), opened
     )
 
-    assert len(after_12) == len(after_3) <= 2
+    assert after_12 == after_3 == set()
     # a date whose offsets overlap (a record moved from it) is read, and the record moved
     overlapping = manifests_read_by_sealing(
-        catalog, where, FIRST + timedelta(13), range(550, 551), opened
+        catalog, where, FIRST + 13 * month, range(550, 551), opened
     )
-    assert len(set(overlapping)) == len(set(after_3)) + 1
-    rows = catalog.load_table(where.identifier).scan().to_arrow()
+    assert len(overlapping) == 1  # its month's
+    table = catalog.load_table(where.identifier)
+    rows = table.scan().to_arrow()
     assert rows.filter(pa.compute.equal(rows["_kafka_offset"], 550))[EVENT_DATE].to_pylist() == [
-        FIRST + timedelta(13)
+        FIRST + 13 * month
     ]
     assert rows.num_rows == 1300
+    assert len(table.current_snapshot().manifests(table.io)) == 14  # one a month
 
 
-def test_a_date_with_no_index_entry_is_still_read_and_its_moved_record_deleted(tmp_path):
-    """A table sealed before the index, or an entry lost: the date is read as before."""
+def test_a_table_sealed_before_the_index_had_its_file_gets_one_from_its_manifests(tmp_path):
+    """Entries in properties, or none, as a table sealed before kept them: the next seal builds
+    an index of every date from the manifests' bounds, finds the moved record, and moves the
+    entries into the file."""
     catalog, where = table_in(tmp_path)
     (tmp_path / "warehouse" / "orders" / "data").mkdir(parents=True)
     seal(catalog, where, FIRST, range(0, 10))
     seal(catalog, where, FIRST + timedelta(1), range(10, 20))
     table = catalog.load_table(where.identifier)
     with table.transaction() as txn:
-        txn.remove_properties(*offset_index.entry(FIRST, {}))
+        txn.remove_properties(offset_index.POINTER)
+        txn.set_properties({f"{offset_index.LEGACY}{FIRST + timedelta(1)}": '{"0":[[10,19]]}'})
+    assert offset_index.load(catalog.load_table(where.identifier)) == {
+        FIRST: {"0": [[0, 9]]},
+        FIRST + timedelta(1): {"0": [[10, 19]]},
+    }
 
     seal(catalog, where, FIRST + timedelta(2), range(5, 6))
 
-    rows = catalog.load_table(where.identifier).scan().to_arrow()
+    table = catalog.load_table(where.identifier)
+    rows = table.scan().to_arrow()
     assert sorted(rows["_kafka_offset"].to_pylist()) == list(range(20))
     assert rows.filter(pa.compute.equal(rows["_kafka_offset"], 5))[EVENT_DATE].to_pylist() == [
         FIRST + timedelta(2)
     ]
-    index = offset_index.read(catalog.load_table(where.identifier).properties)
-    assert index[FIRST + timedelta(2)] == {"0": [[5, 5]]} and FIRST not in index
+    assert not [k for k in table.properties if k.startswith(offset_index.LEGACY)]
+    assert offset_index.load(table)[FIRST + timedelta(2)] == {"0": [[5, 5]]}

@@ -63,6 +63,8 @@ class Proof(BaseModel):
     table: str | None = None
     table_records: NonNegativeInt | None = None
     snapshot_id: int | None = None
+    snapshot_expired_at: datetime | None = None
+    """When the table's upkeep expired that snapshot (the date's rows are in the later ones)."""
     sealed_at: datetime | None = None
 
 
@@ -72,6 +74,17 @@ def write_proof(storage: Storage, cfg: TopicConfig, proof: Proof) -> str:
     stamped = proof.model_copy(update={"sealed_at": datetime.now(UTC)})
     storage.write(key, stamped.model_dump_json(indent=2).encode())
     return key
+
+
+def mark_expired(storage: Storage, cfg: TopicConfig, day: date, snapshot_id: int) -> bool:
+    """Record in `day`'s proof that its table snapshot was expired, if it names that one."""
+    proof = read_proof(storage, cfg, day)
+    if proof is None or proof.snapshot_id != snapshot_id or proof.snapshot_expired_at:
+        return False
+    marked = proof.model_copy(update={"snapshot_expired_at": datetime.now(UTC)})
+    key = proof_key(cfg.topic, date_folder(cfg.path_format, day))
+    storage.write(key, marked.model_dump_json(indent=2).encode())
+    return True
 
 
 def read_proof(storage: Storage, cfg: TopicConfig, day: date) -> Proof | None:

@@ -74,6 +74,7 @@ from cairn.pipeline import completeness
 from cairn.pipeline.proof import (
     Proof,
     SourceTally,
+    mark_expired,
     merged,
     offset_ranges,
     read_proof,
@@ -691,9 +692,11 @@ def finish_seal(
 ) -> Proof:
     """The seal's commit task: commit the sealed files (`commit_seal`), replace the date in the
     topic's Iceberg table (`table`, the catalog), and write the date's proof; then remove what
-    seals that can no longer commit left, in the table's location too. Safe to retry at any
-    point. A seal refused leaves no table file behind."""
+    seals that can no longer commit left, in the table's location too, and keep the table
+    (`cairn.table.upkeep`). Safe to retry at any point. A seal refused leaves no table file
+    behind."""
     from cairn.table import iceberg  # pyiceberg: only in the task that commits to the table
+    from cairn.table.upkeep import upkeep
 
     where = chosen.table if table is not None else None
     files = iceberg.location_storage(table, where) if table is not None and where else None
@@ -718,4 +721,15 @@ def finish_seal(
         )
     write_proof(storage, cfg, proof)
     leftovers.sweep(storage, cfg.topic, chosen.reach(files))
+    if where is not None and files is not None:
+        tidied = upkeep(
+            table.load_table(where.identifier),
+            files,
+            chosen.date,
+            cfg.table_snapshot_age,
+            cfg.attempt_timeout,
+        )
+        for gone in tidied.expired:
+            if gone.date is not None:
+                mark_expired(storage, cfg, gone.date, gone.snapshot_id)
     return proof

@@ -13,6 +13,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -140,6 +141,13 @@ class Storage:
     def versions(self, prefix: str = "") -> dict[str, str]:
         """Keys under `prefix` (recursively) with their versions (`version`): one listing, no
         request per key."""
+        return {key: _version(info) for key, info in self._found(prefix).items()}
+
+    def modified(self, prefix: str = "") -> dict[str, datetime]:
+        """Keys under `prefix` (recursively) with when each was last written: one listing."""
+        return {key: _modified(info) for key, info in self._found(prefix).items()}
+
+    def _found(self, prefix: str) -> dict[str, dict[str, Any]]:
         base = self.path(prefix) if prefix.strip("/") else self.root
         try:
             found = self.fs.find(base, detail=True)
@@ -147,7 +155,7 @@ class Storage:
             return {}
         start = len(self.root) + 1
         return {
-            path[start:]: _version(info)
+            path[start:]: info
             for path, info in sorted(found.items())
             if path.startswith(self.root + "/") and not path[start:].startswith(STAGING_DIR + "/")
         }
@@ -289,6 +297,11 @@ def options_from_env() -> dict[str, Any]:
 def _version(info: dict[str, Any]) -> str:
     tag = str(info.get("ETag") or f"{info.get('ino')}:{info.get('mtime')}").strip('"')
     return f"{info['size']}:{tag}"
+
+
+def _modified(info: dict[str, Any]) -> datetime:
+    when = info.get("LastModified", info.get("mtime"))
+    return when if isinstance(when, datetime) else datetime.fromtimestamp(float(when), UTC)
 
 
 def _is_precondition_failure(err: BaseException) -> bool:

@@ -35,6 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from cairn.storage.layout import check_topic
 
 NAMESPACE = "cairn"
+SEALS_AT_ONCE = 2
+"""Seal runs of one topic at once (the seal DAG's `max_active_runs`): what its table takes.
+Each retries a commit another one beat (`cairn.table.iceberg.replace_date`), so two seals of
+different dates cost each other at most a try, and a backlog of dates is sealed two by two."""
 """The namespace of Cairn's tables: Spark SQL names a topic's table `<catalog>.cairn.<table>`."""
 
 SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"

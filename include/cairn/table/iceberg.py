@@ -10,6 +10,12 @@ record is in the table twice. The snapshot's summary carries what
 Iceberg's Kafka Connect sink records and more: the topic, the token and the seal attempt, the
 date, its record count and checksum, and per Kafka partition the offset ranges that fed it.
 
+Sealing another date at the same moment makes one commit lose; it is tried again against the
+fresh table (pyiceberg's own retries, which would re-apply a stale pointer to the offset index,
+are off: `commit.retry.num-retries` 0), so seals of different dates never lose a date. Each
+seal keeps one data manifest per month of dates (`cairn.table.manifests`), and the table's
+upkeep (`cairn.table.upkeep`) keeps its metadata and storage from growing with its age.
+
 The table is made at the first seal: `cairn.<table>` (`cairn.table.catalog.table_name`) at
 `<warehouse>/cairn.db/<table>`, format version 2, partitioned by `_event_date` (the date a
 record is filed under, in the topic's timezone; Iceberg's `day()` transform would cut dates in
@@ -25,49 +31,50 @@ from __future__ import annotations
 
 import contextlib
 import json
-from bisect import bisect_left, bisect_right
-from collections import defaultdict
+import logging
+import random
+import time
 from datetime import date
-from functools import reduce
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel
 from pyiceberg.catalog import Catalog as IcebergCatalog
 from pyiceberg.catalog import load_catalog
-from pyiceberg.conversions import from_bytes
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
-from pyiceberg.expressions import (
-    And,
-    BooleanExpression,
-    EqualTo,
-    GreaterThanOrEqual,
-    In,
-    LessThanOrEqual,
-    NotEqualTo,
-    Or,
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    ValidationException,
 )
-from pyiceberg.io import load_file_io
+from pyiceberg.expressions import (
+    EqualTo,
+)
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
-from pyiceberg.manifest import ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import NameMapping
-from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import DateType
-from pyiceberg.utils.datetime import days_to_date
 
 from cairn.datafiles.parquet_file import EVENT_DATE
 from cairn.storage.objects import Storage
 from cairn.table import offset_index
 from cairn.table.catalog import NAMESPACE, Catalog, TableTarget, pyiceberg_properties, table_name
+from cairn.table.manifests import MonthlyOverwrite
+from cairn.table.moved import rewrites
+
+log = logging.getLogger(__name__)
+
+PROPERTIES = {
+    "commit.retry.num-retries": "0",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "10",
+}
+"""Set on every topic's table: a seal retries its commit itself, against the fresh table
+(`replace_date`); a commit deletes the metadata files older than the ten before it."""
 
 NAME_MAPPING = "schema.name-mapping.default"
 ATTEMPT = "cairn.attempt"
 MOVED_TO = "cairn.moved-to"
-"""A delete snapshot's summary: the date a seal moved rows of other dates' partitions to."""
-PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
+"""In a seal snapshot's summary that moved rows out of other dates' partitions: its date."""
 
 
 def catalog_of(catalog: Catalog) -> IcebergCatalog:
@@ -119,6 +126,10 @@ class Replaced(BaseModel):
     records: int
 
 
+class TableBusy(Exception):
+    """Other commits kept changing the table while a seal committed to it (retried by Airflow)."""
+
+
 def replace_date(
     catalog: IcebergCatalog,
     where: TableTarget,
@@ -131,145 +142,82 @@ def replace_date(
 ) -> Replaced:
     """Make `files` (paths under the table's location, written with `schema`, their Kafka
     offsets covered by `held`) the whole of partition `day`, in one overwrite snapshot whose
-    summary holds `summary` and the attempt, committed with the delete of their records from
-    other dates' partitions (`moved_here`) and the date's offset index entry; done already:
-    nothing."""
+    summary holds `summary` and the attempt, committed with the records it moved from other
+    dates' partitions (`cairn.table.moved`) and the date's offset index entry; done already:
+    nothing. A commit another commit beat (a seal of another date) is tried again against the
+    fresh table, up to `TRIES` times, each logged."""
     table = _table(catalog, where, schema)
-    done = next(
-        (s for s in table.snapshots() if s.summary and s.summary.get(ATTEMPT) == attempt_id), None
+    for n in range(1, TRIES + 1):
+        done = _landed(table, attempt_id)
+        if done is not None:
+            return Replaced(snapshot_id=done, records=date_records(table, day))
+        try:
+            _replace(table, day, files, attempt_id, summary, held)
+        except (CommitFailedException, ValidationException) as err:
+            log.warning(
+                "table %s: the seal of %s (%s) lost a commit race, try %d of %d: %s",
+                where.identifier,
+                day,
+                attempt_id,
+                n,
+                TRIES,
+                err,
+            )
+            time.sleep(random.uniform(0, min(5.0, 0.1 * 2**n)))
+        table = catalog.load_table(where.identifier)
+    raise TableBusy(
+        f"table {where.identifier}: the seal of {day} ({attempt_id}) lost {TRIES} commit races "
+        "in a row; its token is committed, so the task's retry commits the date again"
     )
-    if done is not None:
-        return Replaced(snapshot_id=done.snapshot_id, records=date_records(table, day))
-    paths = [f"{where.location.rstrip('/')}/{f}" for f in files]
+
+
+TRIES = 10
+
+
+def _replace(
+    table: Table,
+    day: date,
+    files: list[str],
+    attempt_id: str,
+    summary: dict[str, str],
+    held: offset_index.Ranges,
+) -> None:
+    """One try of `replace_date` against `table` as loaded; what it wrote goes again if the
+    commit is refused."""
+    paths = [f"{table.location().rstrip('/')}/{f}" for f in files]
     added = [parquet_file_to_data_file(table.io, table.metadata, p) for p in paths]
     old = [task.file for task in table.scan(row_filter=EqualTo(EVENT_DATE, day)).plan_files()]
-    moved = moved_here(table, day, paths, held)
-    with table.transaction() as txn:
-        if moved is not None:
-            txn.delete(moved, {ATTEMPT: attempt_id, MOVED_TO: day.isoformat()})
-        with txn.update_snapshot(summary | {ATTEMPT: attempt_id}).overwrite() as overwrite:
-            for data_file in old:
-                overwrite.delete_data_file(data_file)
-            for data_file in added:
-                overwrite.append_data_file(data_file)
-        txn.set_properties(offset_index.entry(day, held))
-    table.refresh()
-    return Replaced(
-        snapshot_id=table.current_snapshot().snapshot_id, records=date_records(table, day)
-    )
+    index = offset_index.load(table)
+    moved = rewrites(table, day, paths, held, index, attempt_id)
+    pointer = offset_index.store(table, index | {day: held})
+    written = [pointer, *(path for m in moved for path in m.written)]
+    before = table.properties.get(offset_index.POINTER)
+    legacy = [k for k in table.properties if k.startswith(offset_index.LEGACY)]
+    properties = summary | {ATTEMPT: attempt_id} | ({MOVED_TO: day.isoformat()} if moved else {})
+    try:
+        with table.transaction() as txn:
+            txn.set_properties({offset_index.POINTER: pointer})
+            if legacy:
+                txn.remove_properties(*legacy)
+            with MonthlyOverwrite(txn, table, properties) as overwrite:
+                for data_file in [*old, *(m.old for m in moved)]:
+                    overwrite.delete_data_file(data_file)
+                for data_file in [*added, *(m.new for m in moved if m.new is not None)]:
+                    overwrite.append_data_file(data_file)
+    except (CommitFailedException, ValidationException):
+        for path in written:  # refused for sure: nothing refers to them
+            table.io.delete(path)
+        raise
+    if before is not None and before != pointer:
+        table.io.delete(before)  # no snapshot refers to an index: only the property did
 
 
-def moved_here(
-    table: Table, day: date, paths: list[str], held: offset_index.Ranges
-) -> BooleanExpression | None:
-    """The rows of other dates' partitions that hold records of `paths` (the date's new files,
-    their offsets covered by `held`): a rebuild or a changed config (timezone, event-time field)
-    moved those records to `day` after their old date was sealed. The seal deletes them in its
-    commit, so a record is in the table once, under the date its newest seal filed it in (the
-    old date, changed, is sealed again). Reads only the dates the offset index cannot rule out
-    (`_dates_that_may_hold`), three columns of their files whose offset bounds overlap `held`,
-    and then the new files' Kafka columns."""
-    dates = _dates_that_may_hold(table, day, held) if paths and held else None
-    if dates is None:
-        return None
-    near = [
-        And(EqualTo(PARTITION, int(p)), GreaterThanOrEqual(OFFSET, a), LessThanOrEqual(OFFSET, b))
-        for p, ranges in held.items()
-        for a, b in ranges
-    ]
-    elsewhere = table.scan(
-        row_filter=And(dates, _any(near)), selected_fields=(EVENT_DATE, PARTITION, OFFSET)
-    ).to_arrow()
-    if elsewhere.num_rows == 0:
-        return None
-    ours = _kafka_columns(table, paths).cast(elsewhere.select([PARTITION, OFFSET]).schema)
-    # Most rows near ours are other dates' own; hashing theirs and probing ours is cheap.
-    ours = ours.filter(pc.is_in(ours[OFFSET], value_set=elsewhere[OFFSET]))
-    offsets: dict[tuple[date, int], set[int]] = defaultdict(set)
-    for row in elsewhere.join(ours, keys=[PARTITION, OFFSET], join_type="left semi").to_pylist():
-        offsets[row[EVENT_DATE], row[PARTITION]].add(row[OFFSET])
-    return _any(
-        [
-            And(EqualTo(EVENT_DATE, d), EqualTo(PARTITION, p), In(OFFSET, o))
-            for (d, p), o in offsets.items()
-        ]
-    )
-
-
-def _dates_that_may_hold(
-    table: Table, day: date, held: offset_index.Ranges
-) -> BooleanExpression | None:
-    """A filter on `_event_date` for the other dates whose partitions may hold offsets `held`
-    covers: those the offset index says overlap, and any date of the table the index has no
-    entry for (a manifest's date bounds say which); None: no other date can. Manifests of the
-    dates it leaves out are not read, so a seal's requests do not grow with the table's age."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return None
-    index = offset_index.read(table.properties)
-    known = sorted(index)
-    terms: list[BooleanExpression] = []
-    overlapping = [
-        d for d, ranges in index.items() if d != day and offset_index.overlaps(held, ranges)
-    ]
-    if overlapping:
-        terms.append(In(EVENT_DATE, overlapping))
-    unindexed: set[tuple[date, date]] = set()
-    at = _date_field(table)
-    for manifest in snapshot.manifests(table.io):
-        span = _date_span(manifest, at.get(manifest.partition_spec_id))
-        if span is None:
-            return NotEqualTo(EVENT_DATE, day)  # no date bounds: every other date may
-        low, high = span
-        indexed = bisect_right(known, high) - bisect_left(known, low)
-        if indexed < (high - low).days + 1 and span != (day, day):
-            unindexed.add(span)
-    terms += [
-        And(GreaterThanOrEqual(EVENT_DATE, low), LessThanOrEqual(EVENT_DATE, high))
-        for low, high in sorted(unindexed)
-    ]
-    return And(NotEqualTo(EVENT_DATE, day), _any(terms)) if terms else None
-
-
-def _date_field(table: Table) -> dict[int, int]:
-    """Per partition spec that has it, where `_event_date` (as it is) is among its fields."""
-    at = {}
-    for spec_id, spec in table.specs().items():
-        for i, field in enumerate(spec.fields):
-            name = table.schema().find_column_name(field.source_id)
-            if isinstance(field.transform, IdentityTransform) and name == EVENT_DATE:
-                at[spec_id] = i
-    return at
-
-
-def _date_span(manifest: ManifestFile, at: int | None) -> tuple[date, date] | None:
-    """The first and last `_event_date` of a manifest's files, that field `at` of its spec
-    (None: it does not say)."""
-    if at is None or len(manifest.partitions or []) <= at:
-        return None
-    bounds = manifest.partitions[at]
-    if bounds.lower_bound is None or bounds.upper_bound is None:
-        return None
-    low, high = (from_bytes(DateType(), b) for b in (bounds.lower_bound, bounds.upper_bound))
-    return days_to_date(low), days_to_date(high)
-
-
-def _kafka_columns(table: Table, paths: list[str]) -> pa.Table:
-    """The Kafka partition and offset of every row of the files at `paths`."""
-    columns = [PARTITION, OFFSET]
-    return pa.concat_tables(
-        [pq.read_table(table.io.new_input(p).open(), columns=columns) for p in paths]
-    )
-
-
-def _any(terms: list[BooleanExpression]) -> BooleanExpression | None:
-    return reduce(Or, terms) if terms else None
-
-
-def delete_file(catalog: IcebergCatalog, where: TableTarget, path: str) -> None:
-    """Delete a data file a refused seal wrote under the table's location (never committed)."""
-    location = f"{where.location.rstrip('/')}/{path}"
-    load_file_io(catalog.properties, location).delete(location)
+def _landed(table: Table, attempt_id: str) -> int | None:
+    """The snapshot a try of the attempt committed, if one did."""
+    for snapshot in table.snapshots():
+        if snapshot.summary and snapshot.summary.get(ATTEMPT) == attempt_id:
+            return snapshot.snapshot_id
+    return None
 
 
 def date_records(table: Table, day: date) -> int:
@@ -302,17 +250,17 @@ def _table(catalog: IcebergCatalog, where: TableTarget, schema: pa.Schema) -> Ta
             where.identifier,
             schema=schema,
             location=where.location,
-            properties={"format-version": "2"},
+            properties={"format-version": "2"} | PROPERTIES,
         )
         with table.update_spec() as spec:
             spec.add_identity(EVENT_DATE)
     if not _has(table, schema.names):
         with table.update_schema() as update:
             update.union_by_name(schema)
-    mapping = table.schema().name_mapping
-    if table.properties.get(NAME_MAPPING) != _json(mapping):
+    wanted = PROPERTIES | {NAME_MAPPING: _json(table.schema().name_mapping)}
+    if any(table.properties.get(k) != v for k, v in wanted.items()):
         with table.transaction() as txn:
-            txn.set_properties({NAME_MAPPING: _json(mapping)})
+            txn.set_properties(wanted)
     return table
 
 

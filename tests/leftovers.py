@@ -1,0 +1,38 @@
+"""What the tests check is left after a sequence: nothing that no token, live attempt or table
+snapshot refers to, in the data folders, the staging area and the table's location."""
+
+from __future__ import annotations
+
+from pyiceberg.table import Table
+
+from cairn.protocol import tokens
+from cairn.storage.layout import attempts_folder, data_prefixes, publishing_folder
+from cairn.storage.objects import Storage
+from cairn.table.offset_index import POINTER
+
+
+def staging(storage: Storage, topic: str) -> list[str]:
+    """What is in the topic's staging area and pending marks."""
+    return storage.list(attempts_folder(topic)) + storage.list(publishing_folder(topic))
+
+
+def unnamed_data_files(storage: Storage, topic: str) -> set[str]:
+    """Data files of the topic that no token's publication names."""
+    named = {key for t in tokens.list_tokens(storage, topic) for key in t.adds}
+    return {key for prefix in data_prefixes(topic) for key in storage.list(prefix)} - named
+
+
+def table_leftovers(table: Table, location: Storage) -> set[str]:
+    """Files in the table's location that its metadata does not refer to: not its metadata file
+    or one its log names, its offset index, nor a manifest list, manifest or data file of a
+    snapshot it keeps."""
+    io = table.io
+    referenced = {table.metadata_location, table.properties.get(POINTER)}
+    referenced |= {entry.metadata_file for entry in table.metadata.metadata_log}
+    for snapshot in table.snapshots():
+        referenced.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(io):
+            referenced.add(manifest.manifest_path)
+            referenced |= {e.data_file.file_path for e in manifest.fetch_manifest_entry(io)}
+    root = location.url.rstrip("/")
+    return {f"{root}/{key}" for key in location.list()} - referenced
