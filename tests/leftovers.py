@@ -6,7 +6,12 @@ from __future__ import annotations
 from pyiceberg.table import Table
 
 from cairn.protocol import tokens
-from cairn.storage.layout import attempts_folder, data_prefixes, publishing_folder
+from cairn.storage.layout import (
+    attempts_folder,
+    data_prefixes,
+    parse_data_key,
+    publishing_folder,
+)
 from cairn.storage.objects import Storage
 from cairn.table.offset_index import POINTER
 
@@ -19,7 +24,8 @@ def staging(storage: Storage, topic: str) -> list[str]:
 def unnamed_data_files(storage: Storage, topic: str) -> set[str]:
     """Data files of the topic that no token's publication names."""
     named = {key for t in tokens.list_tokens(storage, topic) for key in t.adds}
-    return {key for prefix in data_prefixes(topic) for key in storage.list(prefix)} - named
+    found = {key for prefix in data_prefixes(topic) for key in storage.list(prefix)}
+    return {key for key in found if parse_data_key(key) is not None} - named
 
 
 def table_leftovers(table: Table, location: Storage) -> set[str]:

@@ -24,6 +24,7 @@ from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
 from cairn.views import status
+from cairn_stack import services
 from cairn_stack.settings import StackSettings
 from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
@@ -120,6 +121,14 @@ class Archiver:
 @pytest.fixture
 def archiver(spark, kafka) -> Archiver:
     return Archiver(spark, kafka, {})
+
+
+@pytest.fixture
+def table_catalog(postgres, tmp_path):
+    """The stack's Iceberg catalog (JDBC on PostgreSQL), with a warehouse of this test's own."""
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    return services.iceberg_catalog(postgres, warehouse.as_uri(), name=f"t{uuid.uuid4().hex[:8]}")
 
 
 @dataclass

@@ -19,7 +19,6 @@ from cairn.protocol import commit, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.table import catalog as catalogs
 from cairn.table import iceberg
-from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.seal import seal as seal_job
 from tests.integration.conftest import read_archive
@@ -30,14 +29,6 @@ DAY = (datetime.now(UTC) - timedelta(days=3)).date()
 
 def at(h: float) -> datetime:
     return datetime.combine(DAY, datetime.min.time(), UTC) + timedelta(hours=h)
-
-
-@pytest.fixture
-def table_catalog(postgres, tmp_path):
-    """The stack's Iceberg catalog (JDBC on PostgreSQL), with a warehouse of this test's own."""
-    warehouse = tmp_path / "warehouse"
-    warehouse.mkdir()
-    return services.iceberg_catalog(postgres, warehouse.as_uri(), name=f"t{uuid.uuid4().hex[:8]}")
 
 
 def archived_day(kafka, archiver, make_cfg, topic: str, runs: int = 3, extra: str = ""):

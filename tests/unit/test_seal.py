@@ -26,8 +26,8 @@ from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.table import offset_index
 from cairn.table.catalog import TableTarget
-from cairn.table.iceberg import date_snapshot
-from cairn.views import audit, finder
+from cairn.table.iceberg import date_records, date_snapshot
+from cairn.views import audit, date_check, finder
 from cairn.views.finder import ArchiveIndex
 from cairn.views.overview import files_per_date
 from tests.unit.conftest import archive_records
@@ -555,3 +555,24 @@ def test_records_of_a_sealed_input_are_told_apart_by_the_backup_file_its_header_
         record = {"_kafka_partition": outside[0], "_kafka_offset": outside[1]}
         with pytest.raises(seal.SealRefused, match=f"record {outside[0]}@{outside[1]} is in no"):
             list(sources.split([*records, record]))
+
+
+def test_a_proof_whose_table_snapshot_was_expired_says_so_and_verify_tells(tmp_path, storage):
+    """With no time travel kept, the next seal's upkeep expires the first date's snapshot: the
+    first date's proof records it, and the date's rows stay in the table."""
+    cfg = config(tmp_path, table_snapshot_age="0s")
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    catalog, table = table_in(tmp_path)
+    first = sealed(storage, cfg, D1, catalog, table)
+
+    sealed(storage, cfg, D2, catalog, table)
+
+    proof = proof_of.read_proof(storage, cfg, D1)
+    assert proof.snapshot_id == first.snapshot_id and proof.snapshot_expired_at is not None
+    assert proof_of.read_proof(storage, cfg, D2).snapshot_expired_at is None
+    in_table = catalog.load_table("cairn.orders")
+    assert len(in_table.snapshots()) == 1
+    assert date_records(in_table, D1) == first.table_records
+    check = date_check.verify_date(storage, cfg, D1)
+    assert check.sealed.endswith(f"table snapshot {first.snapshot_id} (expired since)")

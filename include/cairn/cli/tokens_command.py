@@ -41,7 +41,10 @@ def list_tokens(cfg: TopicConfig) -> int:
     previous = None
     for token in found:
         if previous is not None and token.seq != previous + 1:
-            print(f"{'':>6}  (tokens {previous + 1}..{token.seq - 1} are missing: a hole)")
+            print(
+                f"{'':>6}  (tokens {previous + 1}..{token.seq - 1} are missing: a hole in the "
+                "history, not a rewind; the tokens above it count)"
+            )
         previous = token.seq
         what = f"records={token.counts.read:<8}" if token.kind == "archive" else token.kind
         print(

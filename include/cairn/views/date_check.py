@@ -132,6 +132,7 @@ def verify_date(
     if proof is not None:
         check.proof = _proof_problems(proof, in_sealed, day, table_records)
         table = f", table snapshot {proof.snapshot_id}" if proof.snapshot_id is not None else ""
+        table += " (expired since)" if proof.snapshot_expired_at else ""
         check.sealed = f"sealed by token {proof.token_seq}{table}"
     return check
 
