@@ -30,9 +30,9 @@ sees the withdrawal and stops, removing its own mark, or `abandon` sees a fresh 
 everything for a later sweep: staged files are never removed while a commit might publish them.
 What a committed attempt published is in the data folders and `_manifests/`, where neither looks.
 
-**Costs.** A sweep lists `_attempts/<topic>/` and `_publishing/<topic>/`, which hold only
-attempts that are running or not yet swept, and reads the claim of each (at most `BATCH` a
-sweep, the rest at the next): never the chain or the history.
+**Costs.** A sweep lists what is in `_attempts/<topic>/` and `_publishing/<topic>/`: only the
+files of attempts that are running or not yet swept. It reads the claim of each (at most `BATCH`
+a sweep, the rest at the next): never the chain or the history.
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ def sweep(
     caller's own attempt); an attempt whose outside files are not in `elsewhere` keeps them, and
     its staging, for a sweep that reaches them. Returns the attempts it removed."""
     now = now or datetime.now(UTC)
-    found = set(_names(storage, attempts_folder(topic), "/"))
-    found |= set(_names(storage, publishing_folder(topic), ".json"))
+    found = _names(storage, attempts_folder(topic)) | _names(storage, publishing_folder(topic))
     found.discard(spare or "")
     if not found:
         return []
@@ -162,16 +161,16 @@ def refused(storage: Storage, claim: Claim, elsewhere: Elsewhere | None = None) 
         raise
 
 
-def _names(storage: Storage, folder: str, ending: str) -> list[str]:
-    """The attempt ids of the entries of `folder` that end with `ending` (one listing)."""
-    names = []
-    for entry in storage.children(folder):
-        name = entry.rstrip("/").rsplit("/", 1)[-1].removesuffix(".json")
-        if entry.endswith(ending):
-            try:
-                names.append(check_id(name))
-            except ValueError:
-                continue
+def _names(storage: Storage, folder: str) -> set[str]:
+    """The attempt ids of the objects under `folder`: its own folders, or its `.json` marks. The
+    objects, not the folders: an object store may list a folder whose objects are all gone."""
+    names = set()
+    for key in storage.list(folder):
+        name = key[len(folder) :].split("/", 1)[0].removesuffix(".json")
+        try:
+            names.add(check_id(name))
+        except ValueError:
+            continue
     return names
 
 
