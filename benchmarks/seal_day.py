@@ -27,12 +27,17 @@ and after; and the S3 requests of a seal as sealed dates accumulate. The Seal is
 5. **S3 requests per seal** (`--skip-requests` skips): a private SeaweedFS with its metrics, a
    second topic whose dates (`--date-records` each) are archived and sealed one after the other,
    its table on the same S3; the requests of each seal's select, seal job (on a local
-   SparkSession in this process, as `requests_per_run.py` runs its jobs) and finish_seal, for the
-   first `--measured` dates and after `--sealed-history` sealed dates.
+   SparkSession in this process, as `requests_per_run.py` runs its jobs) and finish_seal, and the
+   table's metadata after it (its metadata file's size, the files in its metadata folder, its
+   snapshots and manifests, its offset index file's size), for the first `--measured` dates and
+   after `--sealed-history` sealed dates. The topic keeps `--snapshot-age` of table snapshots:
+   seals come seconds apart here, so a short age keeps as many as a week keeps at a seal a day.
 
     .venv/bin/python benchmarks/seal_day.py                                  # 1M records, all
     .venv/bin/python benchmarks/seal_day.py --records 50000 --runs 24        # a quick check
     .venv/bin/python benchmarks/seal_day.py --records 10000000 --skip-requests --skip-scan
+    .venv/bin/python benchmarks/seal_day.py --records 2000 --runs 4 --skip-peers --skip-scan \
+        --sealed-history 1000 --measured 11 --date-records 8 --snapshot-age 40s   # 10 and 1,000
 
 Private Kafka, PostgreSQL (and SeaweedFS) are started on free ports and stopped; everything lives
 in a temporary folder, removed afterwards (kept when the run fails or with `--keep`).
@@ -93,7 +98,7 @@ from cairn.pipeline.rebuild import day_files
 from cairn.storage.layout import DataFile, date_folder, kind_folder
 from cairn.storage.objects import Storage
 from cairn.table import catalog as catalogs
-from cairn.table import iceberg
+from cairn.table import iceberg, offset_index
 from cairn_stack import services
 from cairn_stack.process import free_port_block
 from cairn_stack.settings import REPO, StackSettings
@@ -447,6 +452,9 @@ class SealRequests:
     sealed_before: int
     steps: dict[str, dict[str, int]]
     """Per step (select, seal job, finish), the S3 requests by type."""
+    table: dict[str, int]
+    """The table after the seal: metadata file bytes, files in its metadata folder, snapshots,
+    manifests, offset index bytes."""
 
     @property
     def total(self) -> int:
@@ -472,7 +480,9 @@ def requests_per_seal(
         if args.bootstrap_servers:
             stack.callback(delete_topic, bootstrap, topic)
         root = f"s3://{s3.s3_conn_id}@{s3.bucket}/bench"
-        cfg = topic_config(work / "requests.yaml", topic, root)
+        cfg = topic_config(
+            work / "requests.yaml", topic, root, table_snapshot_age=args.snapshot_age
+        )
         storage = Storage(cfg.root.storage_url, **options)
         kafka = KafkaConf.from_bootstrap(bootstrap, "the benchmark's broker")
         first = datetime.now(UTC).date() - timedelta(days=dates + 3)
@@ -495,10 +505,25 @@ def requests_per_seal(
                         date=day.isoformat(),
                         sealed_before=i,
                         steps={s: dict(sorted(c.items())) for s, c in steps.items()},
+                        table=table_size(catalog, cfg.topic),
                     )
                 )
                 progress.advance(task)
     return found
+
+
+def table_size(catalog: catalogs.Catalog, topic: str) -> dict[str, int]:
+    """What the table's metadata holds now (`SealRequests.table`)."""
+    where = iceberg.target(catalog, topic)
+    table = iceberg.catalog_of(catalog).load_table(where.identifier)
+    index = table.properties.get(offset_index.POINTER)
+    return {
+        "metadata bytes": len(table.io.new_input(table.metadata_location)),
+        "metadata files": len(iceberg.table_storage(catalog, where).list("metadata/")),
+        "snapshots": len(table.snapshots()),
+        "manifests": len(table.current_snapshot().manifests(table.io)),
+        "index bytes": len(table.io.new_input(index)) if index else 0,
+    }
 
 
 def counted_seal(
@@ -798,6 +823,7 @@ def print_result(r: Result) -> None:
                     f"{q.total} ({steps}; {types}) after {q.sealed_before} sealed dates",
                 )
             )
+            rows.append(("  table after it", ", ".join(f"{k} {v:,}" for k, v in q.table.items())))
     print_rows("Cairn seal of one date", rows, r.job)
     if r.profile:
         print(r.profile)
@@ -817,6 +843,9 @@ def parse_args() -> argparse.Namespace:
         "--measured", type=int, default=3, help="seals measured at the start and the end"
     )
     parser.add_argument("--date-records", type=int, default=400, help="of each small date")
+    parser.add_argument(
+        "--snapshot-age", default="7d", help="the small dates' topic's table_snapshot_age"
+    )
     parser.add_argument("--skip-peers", action="store_true", help="no plain Spark")
     parser.add_argument("--skip-scan", action="store_true", help="no day-scan queries")
     parser.add_argument("--skip-requests", action="store_true", help="no S3 requests per seal")

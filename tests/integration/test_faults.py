@@ -26,7 +26,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import fastavro
 import pytest
@@ -43,7 +43,7 @@ from cairn.kafka import cluster
 from cairn.pipeline import archive_run, rebuild, seal
 from cairn.pipeline.completeness import complete_run
 from cairn.pipeline.proof import read_proof
-from cairn.protocol import commit, rewind, tokens
+from cairn.protocol import commit, leftovers, rewind, tokens
 from cairn.storage.layout import DEFAULT_PATH_FORMAT, file_date, parse_data_key, token_key
 from cairn.storage.objects import Storage
 from cairn.table import iceberg
@@ -56,6 +56,7 @@ from spark_jobs.rebuild import rebuild as rebuild_job
 from spark_jobs.seal import seal as seal_job
 from tests.integration.conftest import Archiver
 from tests.integration.test_rebuild import NOON
+from tests.leftovers import staging, table_leftovers, unnamed_data_files
 
 SEEDS = [int(s) for s in os.environ.get("CAIRN_FAULT_SEEDS", "20261125").split(",")]
 STEPS = int(os.environ.get("CAIRN_FAULT_STEPS", "100"))
@@ -582,6 +583,29 @@ class Scenario:
         assert not doubled, f"records twice in the table: {doubled[:10]}"
         assert set(pairs) <= set(self.kafka.records), "records in the table that Kafka never had"
 
+    def sweep_everything(self) -> str:
+        """A day later (past every attempt's deadline): what every attempt that did not commit
+        left is removed, in the table's location too."""
+        reach = {self.table.location: iceberg.location_storage(self.catalog, self.table)}
+        later, removed = datetime.now(UTC) + timedelta(days=1, minutes=1), []
+        while found := leftovers.sweep(self.storage, self.topic, reach, now=later):
+            removed += found
+        return f"swept {len(removed)} attempts"
+
+    def check_nothing_left(self) -> None:
+        """Nothing is left that no token refers to: no staging or pending mark, no data file that
+        no token names but those a token adopted (a rewind Kafka could not serve again), and
+        no file in the table's location that its metadata does not refer to."""
+        assert staging(self.storage, self.topic) == []
+        adopted = [t.adopted for t in tokens.list_tokens(self.storage, self.topic)]
+        unnamed = unnamed_data_files(self.storage, self.topic)
+        kept = {k for k in unnamed if _within(parse_data_key(k), adopted)}
+        assert unnamed == kept, f"data files no token refers to: {sorted(unnamed - kept)[:5]}"
+        if self.sealed_any():
+            files = iceberg.location_storage(self.catalog, self.table)
+            left = table_leftovers(self.catalog.load_table(self.table.identifier), files)
+            assert not left, f"table files no snapshot refers to: {sorted(left)[:5]}"
+
     def sealed_any(self) -> bool:
         return any(t.kind == "seal" for t in tokens.list_tokens(self.storage, self.topic))
 
@@ -627,6 +651,12 @@ class Scenario:
                 f"table of {day} differs from its folders: {set(in_table) ^ set(in_folders)}"
             )
         return "sealed every complete date"
+
+
+def _within(f, adopted: list[dict[int, tuple[int, int]]]) -> bool:
+    """Whether run file `f` holds offsets a token adopted."""
+    spans = [t[f.partition] for t in adopted if not f.sealed and f.partition in t]
+    return any(a <= f.first_offset < b for a, b in spans)
 
 
 @pytest.mark.parametrize("start", ["earliest", "latest"])
@@ -684,6 +714,8 @@ def test_random_faults_never_lose_or_double_a_record(
         scenario.check(caught_up=True)
         scenario.history.append(scenario.seal_everything())
         scenario.check(caught_up=True)
+        scenario.history.append(scenario.sweep_everything())
+        scenario.check_nothing_left()
     except Exception as err:
         replay = "\n".join(scenario.history[-40:])
         pytest.fail(f"seed {seed} ({root}, {start}) failed: {type(err).__name__}: {err}\n{replay}")
