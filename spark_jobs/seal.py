@@ -73,8 +73,8 @@ def seal(
     n = len(chosen.folders)
     try:
         rows = spark.range(0, n, 1, max(1, n)).mapInArrow(one, "result string").collect()
-    except Exception:  # an input another commit removed: final, not a retry
-        check_inputs(storage, chosen, Storage(table_url, **table_options) if table_url else None)
+    except Exception:
+        check_inputs(storage, chosen)  # an input another commit removed: final, not a retry
         raise
     results = [FolderResult.model_validate_json(row.result) for row in rows]
     return save_attempt(storage, chosen, results)

@@ -174,3 +174,23 @@ def test_seals_of_different_dates_that_commit_at_once_both_land(tmp_path, monkey
     assert offsets_in(table) == list(range(30))
     assert set(offset_index.load(table)) == {FIRST + timedelta(i) for i in range(3)}
     assert table_leftovers(table, Storage(where.location)) == set()
+
+
+def test_a_seal_that_never_committed_loses_its_table_files_and_a_committed_one_keeps_them(
+    tmp_path,
+):
+    """What removes a seal attempt's table files (a sweep found it over) keeps those a snapshot
+    refers to: a zombie of a committed seal may have left staging behind."""
+    catalog, where = table_in(tmp_path)
+    live = sealed(catalog, where, FIRST, range(0, 10), "s-000000000001-000001-aaaaaa")
+    files = Storage(where.location)
+    dead = table_file_name(FIRST, "s-000000000001-000002-bbbbbb", 0, 0)
+    files.write(dead, b"parquet")
+    remove = upkeep.unreferenced(catalog, where, files)
+    folder = f"data/_event_date={FIRST}"
+
+    remove(folder, "s-000000000001-000002-bbbbbb")
+    remove(folder, "s-000000000001-000001-aaaaaa")
+
+    assert not files.exists(dead) and files.exists(live.removeprefix(f"{where.location}/"))
+    assert offsets_in(catalog.load_table(where.identifier)) == list(range(10))

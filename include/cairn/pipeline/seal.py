@@ -147,9 +147,9 @@ class Selection(BaseModel):
         parsed = avro_to_arrow(self.schema_of("partitioned"))
         return parsed.append(pa.field(EVENT_DATE, pa.date32(), False))
 
-    def reach(self, table: Storage | None) -> dict[str, Storage]:
-        """Where this seal writes outside the archive root, opened (`table`: the table's
-        location), for `cairn.protocol.leftovers`."""
+    def reach(self, table: leftovers.Remover | None) -> leftovers.Elsewhere:
+        """Where this seal writes outside the archive root (`table`: what removes its files in
+        the table's location), for `cairn.protocol.leftovers`."""
         return {self.table.location: table} if self.table and table else {}
 
     @property
@@ -468,12 +468,12 @@ def _closed(chunk: SealedFileWriter, tally: SourceTally, staged: Storage) -> Sea
     return SealedFile(key=chunk.key, records=chunk.blocks.records, bytes=size)
 
 
-def check_inputs(storage: Storage, chosen: Selection, table: Storage | None = None) -> None:
+def check_inputs(storage: Storage, chosen: Selection) -> None:
     """Raise Fenced or Conflict (permanent) if the seal can no longer commit: a rewind, or
-    another seal, a rebuild or a rewind replaced a file it reads; what it wrote is then removed
-    (`table`: the table's location, for its table files). Its Spark job failing on such a file
-    then needs no retry; the date is sealed again from what is there now."""
-    with leftovers.refused(storage, chosen.claim, chosen.reach(table)):
+    another seal, a rebuild or a rewind replaced a file it reads; it is then withdrawn (its
+    table files go at the next seal's commit, which reaches the table). Its Spark job failing on
+    such a file then needs no retry; the date is sealed again from what is there now."""
+    with leftovers.refused(storage, chosen.claim):
         commit.check_live(storage, chosen.claim)
         commit.FilesCurrent(chosen.versions()).check(storage, chosen.claim, None)
 
@@ -501,11 +501,11 @@ def load_attempt(storage: Storage, key: str) -> SealAttempt:
 
 
 def commit_seal(
-    storage: Storage, cfg: TopicConfig, chosen: Selection, table: Storage | None = None
+    storage: Storage, cfg: TopicConfig, chosen: Selection, table: leftovers.Remover | None = None
 ) -> tuple[Token, Proof]:
     """Replace the date's files by the sealed ones through the one commit site, or refuse,
-    change nothing and remove what the seal wrote (`table`: the table's location, for its table
-    files). Returns the seal's token and the date's proof (without the table's part,
+    change nothing and remove what the seal wrote (`table`: what removes its table files).
+    Returns the seal's token and the date's proof (without the table's part,
     `cairn.table.iceberg` adds it). Safe to retry: a seal that committed returns its token."""
     claim = chosen.claim
 
@@ -696,11 +696,12 @@ def finish_seal(
     (`cairn.table.upkeep`). Safe to retry at any point. A seal refused leaves no table file
     behind."""
     from cairn.table import iceberg  # pyiceberg: only in the task that commits to the table
-    from cairn.table.upkeep import upkeep
+    from cairn.table.upkeep import unreferenced, upkeep
 
     where = chosen.table if table is not None else None
     files = iceberg.location_storage(table, where) if table is not None and where else None
-    _, proof = commit_seal(storage, cfg, chosen, files)
+    remover = unreferenced(table, where, files) if table is not None and where else None
+    _, proof = commit_seal(storage, cfg, chosen, remover)
     if where is not None:
         done = iceberg.replace_date(
             table,
@@ -720,7 +721,7 @@ def finish_seal(
             }
         )
     write_proof(storage, cfg, proof)
-    leftovers.sweep(storage, cfg.topic, chosen.reach(files))
+    leftovers.sweep(storage, cfg.topic, chosen.reach(remover))
     if where is not None and files is not None:
         tidied = upkeep(
             table.load_table(where.identifier),

@@ -28,7 +28,9 @@ token that names it is `commit.settle`'s to publish.
 again; a commit writes its mark, then reads its claim (`commit.commit`). So either the commit
 sees the withdrawal and stops, removing its own mark, or `abandon` sees a fresh mark and leaves
 everything for a later sweep: staged files are never removed while a commit might publish them.
-What a committed attempt published is in the data folders and `_manifests/`, where neither looks.
+What a committed attempt published is in the data folders and `_manifests/`, where neither looks;
+files outside the archive root go only through the place's own `Remover`, which keeps what is
+referred to there (a seal's table files in a snapshot), and only where the caller reaches it.
 
 **Costs.** A sweep lists what is in `_attempts/<topic>/` and `_publishing/<topic>/`: only the
 files of attempts that are running or not yet swept. It reads the claim of each (at most `BATCH`
@@ -38,7 +40,7 @@ a sweep, the rest at the next): never the chain or the history.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
@@ -64,7 +66,11 @@ MARGIN = timedelta(minutes=10)
 BATCH = 50
 """At most this many attempts are looked at in one sweep."""
 
-Elsewhere = Mapping[str, Storage]
+Remover = Callable[[str, str], None]
+"""Removes what an attempt (its id, the second argument) wrote in a folder (the first) of a place
+outside the archive root, but what something there still refers to (a table snapshot: a zombie
+of a committed seal may rewrite its files)."""
+Elsewhere = Mapping[str, Remover]
 """The places outside the archive root a caller can reach, by root URL (`commit.Outside.root`)."""
 
 
@@ -142,9 +148,7 @@ def abandon(
     if any(o.root not in places for o in outside):
         return False
     for o in outside:
-        place = places[o.root]
-        for key in place.list_after(o.folder, "", beginning=f"{attempt_id}-"):
-            place.delete(key)
+        places[o.root](o.folder, attempt_id)
     storage.delete_prefix(attempt_prefix(topic, attempt_id))
     storage.delete(pending_key(topic, attempt_id))
     return True

@@ -14,7 +14,9 @@ part of sealing, after the date's commit (`cairn.pipeline.seal.finish_seal`):
   branches, tags or snapshots off that line only keeps its snapshots: files may be shared.
 - **Orphans of the sealed date**: files in its data folder that no kept snapshot refers to and
   that are older than the longest an attempt may take (`attempt_timeout`: no seal still
-  running wrote them), and Cairn's own offset index files that the table no longer names.
+  running wrote them), and Cairn's own offset index files that the table no longer names. The
+  table files of a seal that never commits are removed when it is found over
+  (`cairn.protocol.leftovers`), through `unreferenced`, which keeps any a snapshot refers to.
 - The metadata files themselves: each commit deletes those older than the ten before it
   (`write.metadata.delete-after-commit.enabled`, set on the table by `cairn.table.iceberg`),
   and manifests stay one a month (`cairn.table.manifests`).
@@ -27,11 +29,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise, takewhile
 
 from pydantic import BaseModel
-from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, ValidationException
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
@@ -42,6 +46,7 @@ from cairn.datafiles.parquet_file import EVENT_DATE
 from cairn.storage.layout import table_folder
 from cairn.storage.objects import Storage
 from cairn.table import offset_index
+from cairn.table.catalog import TableTarget
 
 log = logging.getLogger(__name__)
 
@@ -153,22 +158,29 @@ def _finish_journals(table: Table, files: Storage, now: datetime) -> int:
     return removed
 
 
+def unreferenced(
+    catalog: Catalog, where: TableTarget, files: Storage
+) -> Callable[[str, str], None]:
+    """What removes the table files a seal attempt wrote in a date's folder that no snapshot of
+    the table refers to (`cairn.protocol.leftovers.Remover`; `files`: the table's location)."""
+
+    def remove(folder: str, attempt_id: str) -> None:
+        try:
+            table: Table | None = catalog.load_table(where.identifier)
+        except NoSuchTableError:
+            table = None  # never made: nothing refers to any file
+        day = date.fromisoformat(folder.rsplit("=", 1)[-1])
+        for key in _unreferenced(table, files, day, named=f"{attempt_id}-"):
+            files.delete(key)
+
+    return remove
+
+
 def _orphans(table: Table, files: Storage, day: date, before: datetime) -> int:
     """Remove the files of `day`'s data folder that no snapshot refers to, and offset index
     files the table does not name, written before `before`."""
+    old = _unreferenced(table, files, day, before=before)
     location = table.location().rstrip("/")
-    old = {
-        f"{location}/{key}": key
-        for key, when in files.modified(f"{table_folder(day)}/").items()
-        if when < before
-    }
-    current = table.current_snapshot()
-    for snapshot in [current, *(s for s in table.snapshots() if s != current)]:
-        if not old:
-            break
-        scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=EqualTo(EVENT_DATE, day))
-        for task in scan.plan_files():
-            old.pop(task.file.file_path, None)
     pointer = table.properties.get(offset_index.POINTER)
     stale = [
         key
@@ -177,9 +189,37 @@ def _orphans(table: Table, files: Storage, day: date, before: datetime) -> int:
         and when < before
         and f"{location}/{key}" != pointer
     ]
-    for key in [*old.values(), *stale]:
+    for key in [*old, *stale]:
         files.delete(key)
     return len(old) + len(stale)
+
+
+def _unreferenced(
+    table: Table | None,
+    files: Storage,
+    day: date,
+    named: str = "",
+    before: datetime | None = None,
+) -> list[str]:
+    """The keys of `day`'s data folder whose names begin with `named` and that were written
+    before `before` (if given), that no snapshot of `table` refers to (the current one is
+    asked first: most files are its own)."""
+    folder = table_folder(day)
+    found = {
+        key
+        for key, when in files.modified(f"{folder}/").items()
+        if key[len(folder) + 1 :].startswith(named) and (before is None or when < before)
+    }
+    if table is None or not found:
+        return sorted(found)
+    location = table.location().rstrip("/")
+    current = table.current_snapshot()
+    for snapshot in [current, *(s for s in table.snapshots() if s != current)]:
+        if snapshot is None or not found:
+            break
+        scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=EqualTo(EVENT_DATE, day))
+        found -= {task.file.file_path.removeprefix(f"{location}/") for task in scan.plan_files()}
+    return sorted(found)
 
 
 def _sealed_date(snapshot: Snapshot) -> date | None:
