@@ -377,11 +377,11 @@ def spark_submit(
 
 
 # The Airflow task's side of a Spark Connect run: the job's `run` on a session of the server,
-# held as the operator holds it (plugins/cairn_connect.py).
+# held as the operator holds it (cairn_airflow.hooks.spark_connect).
 CONNECT_CLIENT = """
 import sys
 sys.path[:0] = [{repo!r}, {plugins!r}]
-from cairn_connect import connect_session
+from cairn_airflow.hooks.spark_connect import connect_session
 from spark_jobs.archive import run
 with connect_session(sys.argv[2]) as connected:  # argv[1]: the job, for the sampler
     print(run(connected.session, sys.argv[3:]))
@@ -584,8 +584,8 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             warm_up(server[0], bootstrap, work, args)
             notes.append(
                 "the warm-up and the measured runs join the server's shared Cairn session, as "
-                "the Airflow task's runs do (plugins/cairn_connect.py): its Python workers are "
-                "started and have imported cairn"
+                "the Airflow task's runs do (cairn_airflow.hooks.spark_connect): its Python "
+                "workers are started and have imported cairn"
             )
         rounds = [
             archive_round(args, work / f"round-{i + 1}", topic, bootstrap, server)

@@ -19,12 +19,12 @@ from airflow.sdk import DAG, Param, PartitionedAssetTimetable, get_current_conte
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.errors import PermanentError
-from cairn_assets import topic_asset
-from cairn_catalog import catalog
-from cairn_connections import storage
-from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
-from cairn_failures import fail_fast
-from cairn_spark_operator import CairnSparkOperator
+from cairn_airflow.assets import topic_asset
+from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.catalog import catalog
+from cairn_airflow.hooks.connections import storage
+from cairn_airflow.operators.spark import CairnSparkOperator
 
 log = logging.getLogger(__name__)
 

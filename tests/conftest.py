@@ -140,7 +140,7 @@ def spark_connect(stack_settings: StackSettings) -> Iterator[str]:
 def connected(spark_connect: str):
     """A session on the Spark Connect server held as a run holds it (the server's shared Cairn
     session), let go afterwards."""
-    from cairn_connect import connect_session
+    from cairn_airflow.hooks.spark_connect import connect_session
 
     with connect_session(spark_connect) as connected:
         yield connected.session

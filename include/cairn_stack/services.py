@@ -288,7 +288,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     secret_file = home / "jwt_secret"
     if not secret_file.exists():
         secret_file.write_text(secrets.token_urlsafe(32))
-    # The static bearer token Prometheus scrapes /cairn/metrics with (plugins/cairn_overview.py).
+    # The static bearer token Prometheus scrapes /cairn/metrics with (cairn_airflow.pages).
     metrics_token = home / "metrics_token"
     if not metrics_token.exists():
         metrics_token.write_text(secrets.token_urlsafe(32))
@@ -317,7 +317,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     }
     if settings.spark_conn_type == "spark":
         spark_conn = {"conn_type": "spark", "host": settings.spark_master}
-    # The Iceberg catalog of the topics' tables (plugins/cairn_catalog.py): JDBC, in PostgreSQL.
+    # The Iceberg catalog of the topics' tables (cairn_airflow.hooks.catalog): JDBC, in PostgreSQL.
     stack_catalog = iceberg_catalog(settings, settings.catalog_warehouse)
     catalog_conn = {
         "conn_type": "generic",
@@ -563,8 +563,8 @@ def _airflow_health(settings: StackSettings, component: str) -> bool:
 
 SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SESSION_TIMEOUT = "7d"
-"""How long the server keeps an idle session: runs share one (`plugins/cairn_connect.py`), and
-a closed one is refused until the server restarts, so Spark's 60 minutes would send every run
+"""How long the server keeps an idle session: runs share one (`cairn_airflow.hooks.spark_connect`),
+and a closed one is refused until the server restarts, so Spark's 60 minutes would send every run
 to a session of its own after a quiet hour."""
 SERVER_JVM = {
     "spark.driver.memory": "2g",

@@ -19,7 +19,7 @@ import pytest
 from cairn.cli import main as cli
 from cairn.config import TopicConfig
 from cairn.storage.objects import ObjectExists, Storage
-from cairn_connections import storage_options
+from cairn_airflow.hooks.connections import storage_options
 from cairn_stack import services
 
 CONN_ID = "it_aws"

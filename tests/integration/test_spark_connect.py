@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-import cairn_connect
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.protocol import commit
-from cairn_connect import (
+from cairn_airflow.hooks import spark_connect as connect_hook
+from cairn_airflow.hooks.spark_connect import (
     CONNECT_MODE,
     Connected,
     connect_mark_kept,
@@ -135,7 +135,7 @@ def test_when_the_shared_session_is_closed_a_run_has_its_own_and_stops_its_worke
     spark_connect, stack_settings, monkeypatch, connect_mode_kept
 ) -> None:
     session_id = str(uuid.uuid4())
-    monkeypatch.setattr(cairn_connect, "shared_session_id", lambda: session_id)
+    monkeypatch.setattr(connect_hook, "shared_session_id", lambda: session_id)
     closed = SparkSession.builder.remote(with_session_id(spark_connect, session_id)).create()
     assert closed.range(2).count() == 2
     closed.stop()  # released: the server refuses this id from now on, as after an idle timeout

@@ -13,8 +13,6 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
-import cairn_dags
-import cairn_failures
 from cairn.config import TopicConfig
 from cairn.kafka.cluster import TopicNotFound
 from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
@@ -23,9 +21,10 @@ from cairn.protocol.commit import Conflict, Fenced
 from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.rewind import RewindRefused
 from cairn.topics_file import TopicNotConfigured
-from cairn_connect import Connected, shared_session_id
-from cairn_connections import schema_registries
-from cairn_failures import CAUSE_KEY, fail_fast
+from cairn_airflow import dag_topics, failures
+from cairn_airflow.failures import CAUSE_KEY, fail_fast
+from cairn_airflow.hooks.connections import schema_registries
+from cairn_airflow.hooks.spark_connect import Connected, shared_session_id
 from tests.unit.conftest import claim_next
 
 
@@ -50,7 +49,7 @@ def test_permanent_errors_fail_the_task_without_retries_keeping_the_message(erro
 def test_a_permanent_errors_cause_is_kept_on_one_line_for_the_overview_page(monkeypatch):
     pushed = {}
     ti = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
-    monkeypatch.setattr(cairn_failures, "get_current_context", lambda: {"ti": ti})
+    monkeypatch.setattr(failures, "get_current_context", lambda: {"ti": ti})
     with pytest.raises(AirflowFailException), fail_fast():
         raise NoDates("topic 'orders': to_date 2024-05-01\n  is before from_date 2024-05-02")
     assert pushed == {
@@ -126,12 +125,12 @@ def spark_op(monkeypatch, storage, tmp_path):
     Kafka connection, a fake Spark Connect session builder and a recording spark-submit."""
     import pyspark.sql
 
-    import cairn_spark_operator
+    from cairn_airflow.operators import spark as spark_operator
 
     cfg = TopicConfig.model_validate(
         {"topic": "orders", "format": "raw", "archive_root": storage.url}
     )
-    monkeypatch.setattr(cairn_spark_operator, "find_topic", lambda topic: cfg)
+    monkeypatch.setattr(spark_operator, "find_topic", lambda topic: cfg)
     monkeypatch.setenv(
         "AIRFLOW_CONN_CAIRN_KAFKA",
         '{"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:9092",'
@@ -141,7 +140,7 @@ def spark_op(monkeypatch, storage, tmp_path):
     jars = tmp_path / "jars"
     jars.mkdir()
     (jars / "connector.jar").write_bytes(b"")
-    monkeypatch.setattr(cairn_spark_operator, "SPARK_JARS_DIR", jars)
+    monkeypatch.setattr(spark_operator, "SPARK_JARS_DIR", jars)
     calls: dict = {"sessions": [], "runs": [], "submitted": []}
     monkeypatch.setattr(pyspark.sql.SparkSession, "builder", FakeBuilder(calls["sessions"]))
 
@@ -151,19 +150,19 @@ def spark_op(monkeypatch, storage, tmp_path):
             raise calls["raise"]
         return "wrote 1 files for 1 records"
 
-    monkeypatch.setattr(cairn_spark_operator, "spark_job", lambda job: SimpleNamespace(run=run))
+    monkeypatch.setattr(spark_operator, "spark_job", lambda job: SimpleNamespace(run=run))
 
     def submit(self, context):
         calls["submitted"].append((self.application, self.application_args, self.env_vars))
 
-    monkeypatch.setattr(cairn_spark_operator.SparkSubmitOperator, "execute", submit)
+    monkeypatch.setattr(spark_operator.SparkSubmitOperator, "execute", submit)
     claim = claim_next(storage)
     plan = Plan(topic="orders", ranges={0: (0, 1)}, capped=False)
     payload = {"claim": claim.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
 
     def make(conn: dict, payload: dict = payload):
         monkeypatch.setenv("AIRFLOW_CONN_CAIRN_SPARK", json.dumps(conn))
-        op = cairn_spark_operator.CairnSparkOperator(
+        op = spark_operator.CairnSparkOperator(
             task_id="archive", job="archive", topic="orders", payload=payload
         )
         return op, calls, claim
@@ -263,7 +262,7 @@ def test_a_run_whose_topic_entry_broke_fails_at_once_with_the_mistake(
 
     topics = tmp_path / "topics.yaml"
     topics.write_text(BROKEN)
-    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", topics)
+    monkeypatch.setattr(dag_topics, "TOPICS_FILE", topics)
     file = str(Path(__file__).resolve().parents[2] / "dags" / f"cairn_{kind}.py")
 
     def built() -> dict[str, DAG]:
@@ -291,14 +290,14 @@ def test_a_run_whose_topic_entry_broke_fails_at_once_with_the_mistake(
 
 
 def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, monkeypatch):
-    import cairn_spark_operator
+    from cairn_airflow.operators import spark as spark_operator
 
     op, calls, _ = spark_op(CONNECT)
 
     def broken(topic):
         raise TopicNotConfigured(f"topics.yaml, line 6: topic {topic!r}: codec: bad; fix it")
 
-    monkeypatch.setattr(cairn_spark_operator, "find_topic", broken)
+    monkeypatch.setattr(spark_operator, "find_topic", broken)
     with pytest.raises(AirflowFailException, match="line 6: topic 'orders': codec"):
         op.execute({})
     assert not calls["sessions"] and not calls["submitted"]
@@ -307,7 +306,7 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
 def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkeypatch, tmp_path):
     """The Variable is written only when the root changed; an unwritable Variable never fails
     the run that committed."""
-    import cairn_root_memory
+    from cairn_airflow import root_memory
 
     variables: dict[str, str] = {}
     writes = []
@@ -317,22 +316,22 @@ def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkey
         variables[key] = value
 
     monkeypatch.setattr(
-        cairn_root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
+        root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
     )
-    monkeypatch.setattr(cairn_root_memory.Variable, "set", set_variable)
+    monkeypatch.setattr(root_memory.Variable, "set", set_variable)
     first = TopicConfig(topic="orders", format="raw", archive_root=f"file://{tmp_path}/a")
     moved = first.model_copy(update={"archive_root": f"file://{tmp_path}/b"})
 
-    assert cairn_root_memory.earlier_roots(first) == {}
-    cairn_root_memory.remember_root(first)
-    cairn_root_memory.remember_root(first)
+    assert root_memory.earlier_roots(first) == {}
+    root_memory.remember_root(first)
+    root_memory.remember_root(first)
     assert writes == ["cairn_archive_root.orders"]
-    assert cairn_root_memory.earlier_roots(first) == {}  # the same root is no witness
-    (root, opened), *more = cairn_root_memory.earlier_roots(moved).items()
+    assert root_memory.earlier_roots(first) == {}  # the same root is no witness
+    (root, opened), *more = root_memory.earlier_roots(moved).items()
     assert not more and root == first.archive_root and opened.url == first.root.storage_url
 
     def broken(*args, **kwargs):
         raise ConnectionError("api-server gone")
 
-    monkeypatch.setattr(cairn_root_memory.Variable, "set", broken)
-    cairn_root_memory.remember_root(moved)  # logged, not raised
+    monkeypatch.setattr(root_memory.Variable, "set", broken)
+    root_memory.remember_root(moved)  # logged, not raised

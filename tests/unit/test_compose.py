@@ -304,7 +304,7 @@ def test_airflow_connections_match_settings_ids(services):
         assert (spark["host"], spark["port"]) == ("sc://spark-connect", port)
         assert services[name]["depends_on"].get("spark-connect") or name == "airflow-init"
 
-        table = conns["CAIRN_CATALOG"]  # plugins/cairn_catalog.py reads it as the stack's
+        table = conns["CAIRN_CATALOG"]  # cairn_airflow.hooks.catalog reads it as the stack's
         assert (table["login"], table["password"]) == (
             ref("CAIRN_CATALOG_USER"),
             ref("CAIRN_CATALOG_PASSWORD"),

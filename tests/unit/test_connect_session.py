@@ -7,7 +7,12 @@ import uuid
 
 import pytest
 
-from cairn_connect import CONNECT_MODE, code_session_id, connect_session, with_session_id
+from cairn_airflow.hooks.spark_connect import (
+    CONNECT_MODE,
+    code_session_id,
+    connect_session,
+    with_session_id,
+)
 
 
 def test_the_shared_session_is_named_by_the_code_so_an_upgrade_gets_new_workers(tmp_path):

@@ -228,7 +228,7 @@ def test_stack_ca_is_a_ca_and_the_server_certificate_names_the_host(tmp_path):
 
 
 def test_the_airflow_edge_reads_the_kafka_providers_connection(monkeypatch):
-    from cairn_connections import kafka_conf
+    from cairn_airflow.hooks.connections import kafka_conf
 
     conn = {"conn_type": "kafka", "extra": sasl_ssl()}
     monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps(conn))

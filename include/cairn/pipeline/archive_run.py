@@ -72,7 +72,8 @@ class Planned(BaseModel):
 
 EarlierRoots = Callable[[], Mapping[str, Storage]]
 """The archive roots a topic was archived under before, opened (the Airflow edge remembers the
-root of each commit: `cairn_root_memory`); asked only before a topic's first run at a root."""
+root of each commit: `cairn_airflow.root_memory`); asked only before a topic's first run at a
+root."""
 
 
 def check_new_archive(

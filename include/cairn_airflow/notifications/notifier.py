@@ -21,8 +21,8 @@ from airflow.sdk.module_loading import import_string
 
 from cairn.config import TopicConfig
 from cairn.views import alerts, status
-from cairn_connections import storage
-from cairn_dags import topics_loaded
+from cairn_airflow.dag_topics import topics_loaded
+from cairn_airflow.hooks.connections import storage
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from cairn.pipeline.plan import Plan
 from cairn.protocol import commit
 from cairn.storage.objects import OPTIONS_VARIABLE
 from cairn.topics_file import find_topic
-from cairn_connect import Connected, connect_session
-from cairn_connections import kafka_conf, schema_registries, storage, storage_options
-from cairn_failures import fail_fast
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.connections import kafka_conf, schema_registries, storage, storage_options
+from cairn_airflow.hooks.spark_connect import Connected, connect_session
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ class CairnSparkOperator(SparkSubmitOperator):
     The connection's type chooses how. A `spark_connect` connection (the Apache Spark
     provider's; host and port of a Spark Connect server) runs the job's `run` in this task on a
     session of that long-lived server: no JVM starts per run, and runs share the server's Cairn
-    session with its warm Python workers (`cairn_connect`); a run's work is tagged, so killing
-    the task interrupts that run's work alone. A `spark` connection (a master URL)
-    spark-submits the job's file instead, with the same arguments and environment.
+    session with its warm Python workers (`cairn_airflow.hooks.spark_connect`); a run's work is
+    tagged, so killing the task interrupts that run's work alone. A `spark` connection (a master
+    URL) spark-submits the job's file instead, with the same arguments and environment.
 
     `payload` (templated: the upstream task's XCom, a planned run or a rebuild selection) holds
     the attempt's claim; the job gets only the claim's key and reads the plan from storage, so

@@ -1,6 +1,6 @@
 """A committed run's metrics through Airflow's own stats (StatsD, Datadog or OpenTelemetry, as
 Airflow's `[metrics]` section configures them). The names are `cairn.views.metrics`'; the
-Prometheus endpoint (`cairn_overview`) serves the same ones from the run records."""
+Prometheus endpoint (`cairn_airflow.pages`) serves the same ones from the run records."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from airflow.sdk.observability.stats import Stats
 
 from cairn.config import TopicConfig
 from cairn.views import metrics, status
-from cairn_connections import storage
+from cairn_airflow.hooks.connections import storage
 
 log = logging.getLogger(__name__)
 
