@@ -77,10 +77,11 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
 }
 
 
-def load_schema(path: str | Path) -> dict[str, Any]:
-    """Read an .avsc file that must hold a record schema; return it as plain JSON (unparsed)."""
+def load_schema(path: str | Path, data: bytes | None = None) -> dict[str, Any]:
+    """Read an .avsc file that must hold a record schema (`data`: its bytes, already read);
+    return it as plain JSON (unparsed)."""
     try:
-        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+        schema = json.loads(Path(path).read_bytes() if data is None else data)
         if not isinstance(schema, dict) or schema.get("type") != "record":
             raise ValueError("top level must be an Avro record")
         if not isinstance(schema.get("fields"), list):

@@ -108,6 +108,8 @@ class Topic(Protocol):
     def user_schema(self) -> dict[str, Any] | None: ...
     @property
     def base_dir(self) -> Path: ...
+    def read_file(self, relative: str) -> bytes: ...
+    def file_names(self, folder: str, pattern: str) -> list[str]: ...
     @property
     def format_settings(self) -> BaseModel | None: ...
 
@@ -179,6 +181,12 @@ class Format(ABC):
     @classmethod
     def registry_ids(cls, topic: Topic) -> list[str]:
         """The Schema Registry connections this topic's values need (none by default)."""
+        return []
+
+    @classmethod
+    def files(cls, topic: Topic) -> list[str]:
+        """The files of the format's own settings that the topic needs, besides its schema
+        (relative to the topics file): they travel with the entry to Spark jobs."""
         return []
 
 

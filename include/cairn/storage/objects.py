@@ -8,7 +8,6 @@ create-if-absent (S3 `If-None-Match: *`, a hard link on local disk) that is how 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import uuid
@@ -276,14 +275,6 @@ class Storage:
 
     def _staged(self, key: str) -> str:
         return self.path(f"{STAGING_DIR}/{uuid.uuid4().hex}-{os.path.basename(key)}")
-
-
-OPTIONS_VARIABLE = "CAIRN_STORAGE_OPTIONS"
-"""How Spark jobs receive storage credentials: fsspec options as JSON in the environment."""
-
-
-def options_from_env() -> dict[str, Any]:
-    return json.loads(os.environ.get(OPTIONS_VARIABLE) or "{}")
 
 
 def _version(info: dict[str, Any]) -> str:
