@@ -9,8 +9,8 @@ so there is one mapping to test, and it refuses, when the configuration is loade
 it cannot carry to both clients, instead of letting one of them connect differently.
 
 Secrets stay inside: `repr` and `describe()` (what error messages use) show only the label (the
-Airflow connection id or the file it came from) and the bootstrap servers, and the configuration
-reaches the Spark job as one environment variable (`ENV_VARIABLE`), never as arguments.
+Airflow connection id or the file it came from) and the bootstrap servers; the configuration
+reaches the Spark job inside its input (`cairn.jobs`), never as arguments.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 from cairn.errors import PermanentError
 
 ENV_VARIABLE = "CAIRN_KAFKA_CONFIG"
-"""JSON `{"label": ..., "config": {librdkafka settings}}`, for the Spark job and the CLI."""
+"""JSON `{"label": ..., "config": {librdkafka settings}}`, how the CLI may be given it."""
 BOOTSTRAP_VARIABLE = "CAIRN_BOOTSTRAP_SERVERS"
 """The older, plaintext-only way: bootstrap servers alone."""
 
@@ -152,10 +152,6 @@ class KafkaConf:
         if environ.get(BOOTSTRAP_VARIABLE):
             return cls.from_bootstrap(environ[BOOTSTRAP_VARIABLE], f"${BOOTSTRAP_VARIABLE}")
         return None
-
-    def to_env(self) -> dict[str, str]:
-        """Environment for a process that needs this configuration (the Spark job)."""
-        return {ENV_VARIABLE: json.dumps({"label": self.label, "config": self._settings})}
 
     @property
     def settings(self) -> dict[str, Any]:
