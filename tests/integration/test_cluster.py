@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -66,7 +67,7 @@ def task_instances(airflow, dag_id: str, run_id: str) -> dict[str, dict]:
 
 
 def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
-    airflow, cluster_settings
+    spark_cluster, cluster_settings
 ) -> None:
     """A session without Cairn's artifact finds no `cairn` on the executors, which run the
     cluster's Python, see empty code and topics folders, and sit on both workers; once the
@@ -96,7 +97,7 @@ def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
         return [json.loads(row.found) for row in rows]
 
     with connect_mark_kept():
-        bare = SparkSession.builder.remote(settings.spark_connect_url).create()
+        bare = SparkSession.builder.remote(spark_cluster).create()
         try:
             without = run(bare)
         finally:
@@ -108,7 +109,7 @@ def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
     assert workers == {"worker-1", "worker-2"}
 
     artifact = code_artifact()
-    with connect_session(settings.spark_connect_url, artifact) as connected:
+    with connect_session(spark_cluster, artifact) as connected:
         shipped = run(connected.session)
     assert {artifact.name in f["cairn"] for f in shipped} == {True}
 
@@ -183,7 +184,7 @@ def test_archive_rebuild_and_seal_run_on_the_cluster_through_airflow(
 
 
 def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
-    airflow, kafka, cluster_settings
+    airflow, kafka, cluster_settings, on_the_cluster
 ) -> None:
     """On the cluster's Spark Connect server the job refuses a local folder before any Spark
     work; through the distributed Airflow the run's first task already does, without retries,
@@ -195,12 +196,8 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
         kafka=KafkaConf.from_bootstrap(kafka).settings,
         kafka_label="the test broker",
     )
-    url = cluster_settings.spark_connect_url
-    with (
-        connect_session(url, code_artifact()) as connected,
-        pytest.raises(LocalStorageOnCluster) as refused,
-    ):
-        main.run(connected.session, job)
+    with pytest.raises(LocalStorageOnCluster) as refused:
+        main.run(on_the_cluster, job)
     assert str(refused.value).startswith(f"archive root {cfg.archive_root} is a local folder")
     assert cluster_settings.spark_cluster_url in str(refused.value)
 
@@ -218,10 +215,17 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
     assert "CeleryExecutor" in cause and "\n" not in cause
 
 
-def executor_tasks(settings: StackSettings, worker: int) -> int:
-    """Tasks the worker's executors have started (their logs' `Running task` lines)."""
-    folder = settings.state_dir / "spark" / f"worker-{worker}"
-    return sum(log.read_text().count("Running task") for log in folder.glob("app-*/*/stderr"))
+def running_tasks(settings: StackSettings, worker: int) -> set[str]:
+    """The tasks the worker's executors are running: started in their logs, not ended."""
+    running = set()
+    for log in (settings.state_dir / "spark" / f"worker-{worker}").glob("app-*/*/stderr"):
+        text = log.read_text()
+        started = set(re.findall(r"Running task \S+ in stage \S+ \(TID (\d+)\)", text))
+        ended = re.findall(
+            r"(?:Finished|killed|Exception in) task \S+ in stage \S+ \(TID (\d+)", text
+        )
+        running |= {f"{log.parent}:{tid}" for tid in started - set(ended)}
+    return running
 
 
 def spark_worker(settings: StackSettings, worker: int) -> services.Service:
@@ -269,10 +273,11 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     """Worker 2 and its executor die while the job's tasks run there: Spark runs them again on
     worker 1, and the run commits every record exactly once."""
     settings = cluster_settings
-    before = executor_tasks(settings, 2)
+    server_log = services.spark_connect(settings).log
+    lost_before = server_log.read_text().count("ExecutorLostFailure")
 
     def kill_worker_2(run_id: str) -> bool:
-        if executor_tasks(settings, 2) <= before:
+        if not running_tasks(settings, 2):
             return False
         os.killpg(spark_worker(settings, 2).pid(), signal.SIGKILL)
         return True
@@ -280,6 +285,8 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     _, runs = archive_while(airflow, kafka, 40_000, kill_worker_2)
 
     assert all(r["state"] == "success" for r in runs), runs
+    # the tasks it ran were lost with it, and run again on the other worker
+    assert server_log.read_text().count("ExecutorLostFailure") > lost_before
     contents = read_archive(archive_root(settings, s3), E2E_WORKERS)
     assert_exactly_once(contents, all_offsets(offsets_now(kafka)))
 
@@ -308,6 +315,7 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
         run_id, runs = archive_while(airflow, kafka, 50, lambda run_id: True)
         assert all(r["state"] == "success" for r in runs), runs
         hosts = {ti["hostname"] for ti in task_instances(airflow, dag, run_id).values()}
+        print("DEBUG hosts", run_id, hosts)
         if hosts >= names:
             break
     assert hosts - {None, ""} == names  # one run's tasks ran on both workers
@@ -319,7 +327,9 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
         if archive["state"] != "running" or archive["hostname"] not in names:
             return False
         killed.append(archive["hostname"])
-        for pid in worker_processes(archive["hostname"]):
+        pids = worker_processes(archive["hostname"])
+        print("DEBUG kill", run_id, archive["hostname"], archive["try_number"], pids)
+        for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return True
 
