@@ -2,17 +2,13 @@
 with StackSettings and with the local stack's distributed shape (`cairn_stack.cluster`).
 
 There is no Docker engine here, so these checks are static: they catch the files drifting apart.
-Where the `docker compose` plugin is installed, compose's own reading of the file is checked too
-(it needs no engine); elsewhere that one check is skipped.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -616,40 +612,6 @@ def test_airflow_login_comes_from_settings(services):
     assert "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in command(
         services["airflow-apiserver"]
     )
-
-
-def docker_compose() -> list[str]:
-    """`docker compose` (the CLI plugin: it reads and checks the file without an engine), or a
-    skip where this machine has none."""
-    docker = shutil.which("docker")
-    plugin = docker and subprocess.run([docker, "compose", "version"], capture_output=True)
-    if not plugin or plugin.returncode != 0:
-        pytest.skip("no `docker compose` plugin here: the other checks are this file's own")
-    return [docker, "compose", "--project-directory", str(REPO), "-f", str(COMPOSE_FILE)]
-
-
-def test_docker_compose_reads_the_file_and_env_example_changes_nothing(tmp_path):
-    """Compose's own reading of the file (its schema, merges and interpolation) accepts it, has
-    the services these checks read, and gives the same model from `.env.example` as from the
-    defaults in the file."""
-    cli = docker_compose()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "COMPOSE_"))}
-    empty = tmp_path / "empty.env"
-    empty.write_text("")
-
-    def model(env_file: Path) -> dict[str, Any]:
-        argv = [*cli, "--env-file", str(env_file), "config", "--format", "json"]
-        done = subprocess.run(argv, capture_output=True, text=True, env=clean, timeout=60)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    defaults = model(empty)
-    assert defaults == model(ENV_EXAMPLE)
-    assert (
-        defaults["services"].keys() == yaml.safe_load(COMPOSE_FILE.read_text())["services"].keys()
-    )
-    server = " ".join(defaults["services"]["spark-connect"]["command"])
-    assert f"spark.cores.max={DEFAULTS['spark_connect_cores']}" in server
 
 
 def test_env_example_defines_exactly_the_compose_variables(text):
