@@ -48,11 +48,10 @@ from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import archive_run
+from cairn.pipeline import archive_run, run_record
 from cairn.protocol import manifest
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
-from cairn.views import status
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
@@ -488,7 +487,7 @@ class Round:
     plan_clean_seconds: float
     verify_seconds: float
     commit_seconds: float
-    summary: status.RunRecord
+    summary: run_record.RunRecord
     storage: Storage
     task_seconds: list[float]
     load: list[float]

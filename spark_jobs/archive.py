@@ -40,8 +40,8 @@ from cairn.formats import fastpath, registries_from_env
 from cairn.jobs import job_args
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
-from cairn.pipeline.plan import kafka_assign_json, kafka_json_offsets
 from cairn.protocol import commit, manifest
+from cairn.protocol.plan import kafka_assign_json, kafka_json_offsets
 from cairn.storage.objects import Storage, options_from_env
 from cairn.topics_file import find_topic
 

@@ -21,8 +21,8 @@ from cairn.config import REPO
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.errors import PERMANENT_EXIT
 from cairn.pipeline import archive_run, rebuild
-from cairn.pipeline.plan import TopicRecreated
 from cairn.protocol import commit, tokens
+from cairn.protocol.plan import TopicRecreated
 from cairn.storage.layout import token_key
 from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic, produce

@@ -338,7 +338,7 @@ def status_folder(topic: str) -> str:
 
 
 def status_key(topic: str, seq: int) -> str:
-    """The run record of token `seq` (`cairn.views.status`)."""
+    """The run record of token `seq` (`cairn.pipeline.run_record`)."""
     return f"{status_folder(topic)}{seq:012d}.json"
 
 

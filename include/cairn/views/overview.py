@@ -2,9 +2,9 @@
 behind Kafka it is and how that moved over the recent runs, what its files and quarantine hold.
 
 Every number comes from objects Cairn already writes (the newest token, the run records of
-`cairn.views.status`, the data files' names, the quarantine files' `reason` field), so the page
-needs no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin only
-adds what Airflow knows (the runs' states) and renders.
+`cairn.pipeline.run_record`, the data files' names, the quarantine files' `reason` field), so the
+page needs no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin
+only adds what Airflow knows (the runs' states) and renders.
 
 Reading is bounded: the trend is the newest `TREND_RUNS` run records, files per date come from
 one listing per output, and quarantine reasons are counted over the newest `REASON_FILES` files.
@@ -20,13 +20,12 @@ import fastavro
 from pydantic import BaseModel
 
 from cairn.config import TopicConfig
-from cairn.pipeline import completeness
+from cairn.pipeline import completeness, run_record
 from cairn.pipeline.proof import read_proof
+from cairn.pipeline.run_record import RunRecord
 from cairn.protocol import commit
 from cairn.storage.layout import file_date, kind_folder, parse_data_key
 from cairn.storage.objects import Storage
-from cairn.views import status
-from cairn.views.status import RunRecord
 
 TREND_RUNS = 20
 """Runs the lag trend spans."""
@@ -99,14 +98,14 @@ class TopicDetail(BaseModel):
 
 def topic_overview(storage: Storage, cfg: TopicConfig, runs: int = TREND_RUNS) -> TopicOverview:
     """The topic's position, lag, trend, last run and quarantine share."""
-    return _overview(storage, cfg, status.recent(storage, cfg.topic, runs))
+    return _overview(storage, cfg, run_record.recent(storage, cfg.topic, runs))
 
 
 def topic_detail(
     storage: Storage, cfg: TopicConfig, runs: int = TREND_RUNS, reason_files: int = REASON_FILES
 ) -> TopicDetail:
     """The overview line plus the recent runs, files per date and quarantine reasons."""
-    recent = status.recent(storage, cfg.topic, runs)
+    recent = run_record.recent(storage, cfg.topic, runs)
     reasons, read = quarantine_reasons(storage, cfg.topic, reason_files)
     return TopicDetail(
         overview=_overview(storage, cfg, recent),
@@ -169,6 +168,6 @@ def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> To
         time_lag_trend=[r.time_lag_seconds for r in oldest_first if r.time_lag_seconds is not None],
         last=last,
         quarantined=sum(r.counts.quarantined for r in recent),
-        quarantine_ratio=status.quarantine_ratio(recent),
+        quarantine_ratio=run_record.quarantine_ratio(recent),
         last_complete=completeness.last_complete(storage, topic),
     )

@@ -23,8 +23,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from cairn.config import REPO
 from cairn.errors import PERMANENT_EXIT
 from cairn.formats import REGISTRIES_VARIABLE
-from cairn.pipeline.plan import Plan
 from cairn.protocol import commit
+from cairn.protocol.plan import Plan
 from cairn.storage.objects import OPTIONS_VARIABLE
 from cairn.topics_file import find_topic
 from cairn_airflow.failures import fail_fast
