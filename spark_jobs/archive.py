@@ -2,10 +2,10 @@
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
 in offset order (committed records only); the JVM encodes each record's backup datum and, where
-`cairn.formats.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those hand
-them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and quarantine
-files in the attempt's staging area (the Python parser takes the values the JVM did not); the driver
-gathers what was written into the attempt manifest.
+`cairn.datafiles.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those
+hand them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and
+quarantine files in the attempt's staging area (the Python parser takes the values the JVM did
+not); the driver gathers what was written into the attempt manifest.
 
     CAIRN_KAFKA_CONFIG='{"config": {"bootstrap.servers": "host:9092"}}' \\
         spark-submit --jars <spark-sql-kafka jars> \\
@@ -34,9 +34,10 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
 from cairn.config import TopicConfig
+from cairn.datafiles import fastpath
 from cairn.datafiles.writer import PartitionResult, write_partition
 from cairn.errors import permanent_exit
-from cairn.formats import fastpath, registries_from_env
+from cairn.formats import registries_from_env
 from cairn.jobs import job_args
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
@@ -73,7 +74,7 @@ FETCH_OPTIONS = {
 
 def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
     """The Kafka source's records with their datums encoded in the JVM
-    (`cairn.formats.fastpath`)."""
+    (`cairn.datafiles.fastpath`)."""
     nonce = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
     for projection in fastpath.select(cfg, nonce):
         source = source.selectExpr(*projection)

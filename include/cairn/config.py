@@ -30,9 +30,8 @@ from pydantic import (
 )
 
 from cairn.dag_ids import check_dag_topic
-from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
-from cairn.formats.base import EventTime, FieldError
+from cairn.formats.base import EventTime, FieldError, load_schema
 from cairn.schedule import spread
 from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, date_folder
 

@@ -30,7 +30,6 @@ import fastavro
 from fastavro.read import SchemaResolutionError
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from cairn.datafiles.avro_file import load_schema
 from cairn.formats.base import (
     FieldError,
     KafkaCoords,
@@ -39,6 +38,7 @@ from cairn.formats.base import (
     Registries,
     Reject,
     Topic,
+    load_schema,
 )
 
 CACHED_WRITERS = 1024

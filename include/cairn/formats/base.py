@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import fastavro
-from fastavro.schema import expand_schema
+from fastavro.schema import SchemaParseException, UnknownType, expand_schema
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from cairn.datafiles.avro_file import TIMESTAMP_MILLIS
 from cairn.storage.layout import event_folder, is_safe_folder
+
+TIMESTAMP_MILLIS: dict[str, str] = {"type": "long", "logicalType": "timestamp-millis"}
+"""Epoch millis that Spark, Trino and Hive read as timestamps; writers give ints, fastavro
+reads back aware datetimes (files written before it was used hold plain longs: `millis` takes
+both)."""
 
 COORDINATE_FIELDS: list[dict[str, Any]] = [
     {"name": "_kafka_partition", "type": "int"},
@@ -297,6 +301,22 @@ class ParsingFormat(Format):
             "_event_time": filing.event_time,
         }
         return Parsed(record, filing.folder, filing.folder_time, filing.event_time)
+
+
+def load_schema(path: str | Path) -> dict[str, Any]:
+    """Read an .avsc file that must hold a record schema; return it as plain JSON (unparsed)."""
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            raise ValueError("top level must be an Avro record")
+        if not isinstance(schema.get("fields"), list):
+            raise ValueError("record has no 'fields' list")
+        fastavro.parse_schema(schema)
+    except UnknownType as err:
+        raise ValueError(f"schema {path}: unknown type {err}") from None
+    except (OSError, ValueError, SchemaParseException) as err:
+        raise ValueError(f"schema {path}: {err}") from None
+    return schema
 
 
 def output_schema(user_schema: dict[str, Any]) -> dict[str, Any]:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import fastavro
 
 from cairn.datafiles.avro_file import read_header, read_metadata
+from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.sealed_file import sources_of
 from cairn.errors import PermanentError
 from cairn.kafka.cluster import TopicState
 from cairn.protocol import manifest, tokens
-from cairn.protocol.manifest import FileEntry
 from cairn.protocol.plan import PlanError, Span, plan
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import (

@@ -19,7 +19,7 @@ from itertools import pairwise
 from pydantic import BaseModel, Field
 
 from cairn.config import TopicConfig
-from cairn.protocol.manifest import FileEntry
+from cairn.datafiles.file_entry import FileEntry
 from cairn.storage.layout import DataFile, file_date, parse_data_key
 from cairn.storage.objects import Storage
 from cairn.views.finder import ArchiveIndex, coordinates, date_files, read_records

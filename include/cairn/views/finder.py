@@ -28,13 +28,20 @@ from pydantic import BaseModel, ValidationError
 
 from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import read_header
+from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
 from cairn.pipeline.seal import FolderResult, SealedFile
 from cairn.pipeline.seal import load_attempt as load_seal
 from cairn.protocol import manifest, rewind, tokens
-from cairn.protocol.manifest import FileEntry, Kind, Manifest
-from cairn.storage.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
+from cairn.protocol.manifest import Manifest
+from cairn.storage.layout import (
+    DataFile,
+    DataKind,
+    legacy_rebuilds_folder,
+    link_seq,
+    parse_data_key,
+)
 from cairn.storage.objects import Storage
 from cairn.topics_file import LoadResult
 
@@ -48,7 +55,7 @@ class SealedEntry:
     """A sealed file: the records of one folder, from many backup files and partitions."""
 
     key: str
-    kind: Kind
+    kind: DataKind
     records: int
     bytes: int
 
@@ -67,7 +74,7 @@ class Located:
         return self.entry.key
 
     @property
-    def kind(self) -> Kind:
+    def kind(self) -> DataKind:
         return self.entry.kind
 
 
