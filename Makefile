@@ -10,8 +10,9 @@ JARS    := $(CURDIR)/.cairn/jars
 demo: setup  ## start the stack and archive the demo topic end to end
 	$(BIN)/python -m cairn_stack demo
 
-test: setup chromium  ## the whole suite: unit tests, then integration tests against real services
+test: setup chromium  ## the whole suite: the checks, unit tests, then integration tests against real services
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 unit: setup
@@ -20,8 +21,9 @@ unit: setup
 up down status: setup
 	$(BIN)/python -m cairn_stack $@
 
+# lint-imports checks the layers written down in pyproject.toml ([tool.importlinter]).
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 setup: $(VENV)/.installed jars
 
