@@ -735,7 +735,7 @@ def backup_value_bytes(storage: Storage, attempt: manifest.Manifest) -> int:
     total = 0
     for entry in attempt.files:
         if entry.kind == "backup":
-            with storage.fs.open(storage.path(entry.key), "rb") as f:
+            with storage.open_read(entry.key) as f:
                 total += sum(len(r["value"] or b"") for r in fastavro.reader(f))
     return total
 
