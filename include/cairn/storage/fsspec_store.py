@@ -44,10 +44,10 @@ class FsspecStore(Backend):
         except FileNotFoundError:
             return {}
         start = len(self.root) + 1
-        return {
+        return {  # `find` may answer a folder whose objects are gone (SeaweedFS) with itself
             path[start:]: _version(info)
             for path, info in sorted(found.items())
-            if path.startswith(self.root + "/")
+            if path.startswith(self.root + "/") and info["type"] == "file"
         }
 
     def children(self, folder: str) -> list[str]:
