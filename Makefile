@@ -13,6 +13,7 @@ demo: setup  ## start the stack and archive the demo topic end to end
 test: setup chromium  ## the whole suite: the checks, unit tests, then integration tests against real services
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 unit: setup
@@ -21,9 +22,10 @@ unit: setup
 up down status: setup
 	$(BIN)/python -m cairn_stack $@
 
-# lint-imports checks the layers written down in pyproject.toml ([tool.importlinter]).
+# lint-imports checks the layers written down in pyproject.toml ([tool.importlinter]); mypy
+# type-checks the core ([tool.mypy]).
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/mypy
 
 setup: $(VENV)/.installed jars
 

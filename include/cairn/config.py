@@ -347,6 +347,14 @@ class TopicConfig(BaseModel):
         return self.schedule
 
     @property
+    def topic_name(self) -> str:
+        """The topic of an entry resolved to one (`topics_file` resolves patterns before anything
+        runs); a ValueError for a pattern's entry, which names no topic."""
+        if self.topic is None:
+            raise ValueError(f"{self.label}: resolve the pattern to a topic first")
+        return self.topic
+
+    @property
     def label(self) -> str:
         """How errors and logs refer to this entry."""
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"

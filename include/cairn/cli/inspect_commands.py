@@ -117,10 +117,10 @@ def status(topics_file: str, debug: bool = False) -> int:
 
 def _status_row(cfg: TopicConfig) -> list[str]:
     storage = storage_for(cfg)
-    index = ArchiveIndex(storage, cfg.topic)
-    seen = run_record.topic_status(storage, cfg.topic)
+    index = ArchiveIndex(storage, cfg.topic_name)
+    seen = run_record.topic_status(storage, cfg.topic_name)
     last, newest = seen.last, index.newest()
-    complete = completeness.last_complete(storage, cfg.topic)
+    complete = completeness.last_complete(storage, cfg.topic_name)
     return [
         cfg.topic or "",
         show_offsets(index.position()),
@@ -134,7 +134,7 @@ def _status_row(cfg: TopicConfig) -> list[str]:
 
 def files(cfg: TopicConfig, args: argparse.Namespace) -> int:
     storage = storage_for(cfg)
-    index = ArchiveIndex(storage, cfg.topic)
+    index = ArchiveIndex(storage, cfg.topic_name)
     found = date_files(storage, cfg, args.date)
     if not found:
         out().print(f"topic {cfg.topic}: no partitioned or quarantine files for {args.date}")
@@ -164,7 +164,7 @@ def files(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 
 def find(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    index = ArchiveIndex(storage_for(cfg), cfg.topic)
+    index = ArchiveIndex(storage_for(cfg), cfg.topic_name)
     try:
         found = index.find(args.partition, args.offset)
     except NotArchived as why:

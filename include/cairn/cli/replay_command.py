@@ -48,7 +48,7 @@ def run(cfg: TopicConfig, args: argparse.Namespace) -> int:
             "every record twice. Pass --force if that is what you want"
         )
     starts, ends = _bounds(args.starts, "--from"), _bounds(args.ends, "--to")
-    index = ArchiveIndex(storage_for(cfg), cfg.topic)
+    index = ArchiveIndex(storage_for(cfg), cfg.topic_name)
     ranges = plan_ranges(starts, ends, index.position())
     if args.dry_run:
         for r in ranges:

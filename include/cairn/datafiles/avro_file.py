@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import fastavro
 import numpy as np
@@ -258,7 +258,7 @@ def encode_quarantine(record: dict[str, Any]) -> bytes:
 
 def decode_backup(datum: bytes) -> dict[str, Any]:
     """A backup datum as the record dict the writer encodes (timestamp in epoch millis)."""
-    record = fastavro.schemaless_reader(io.BytesIO(datum), _BACKUP_PARSED)
+    record = cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(datum), _BACKUP_PARSED))
     record["timestamp"] = millis(record["timestamp"])
     return record
 
@@ -396,7 +396,7 @@ class _Joined(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        return self.head.readinto(buffer) or self.tail.readinto(buffer)
+        return self.head.readinto(buffer) or self.tail.readinto(buffer)  # type: ignore[attr-defined]
 
 
 def _read_long(f: IO[bytes], first: bytes | None = None) -> int:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, cast
 
 import fastavro
 from fastavro.read import SchemaResolutionError
@@ -39,6 +39,7 @@ from cairn.formats.base import (
     Reject,
     Topic,
     load_schema,
+    parsed_record_schema,
 )
 
 CACHED_WRITERS = 1024
@@ -124,7 +125,7 @@ class SchemaFolder:
 
     def by_id(self, schema_id: int) -> dict[str, Any] | None:
         path = self.paths.get(schema_id)
-        return None if path is None else fastavro.parse_schema(load_schema(path))
+        return None if path is None else parsed_record_schema(load_schema(path))
 
 
 class SchemaRegistry:
@@ -146,7 +147,10 @@ class SchemaRegistry:
 
         try:
             schema = self.client.get_schema(schema_id)
-            refs = [self.client.get_version(r.subject, r.version) for r in schema.references or ()]
+            refs = [
+                self.client.get_version(r.subject, r.version)  # type: ignore[arg-type]  # both set
+                for r in schema.references or ()
+            ]
         except SchemaRegistryError as err:
             if err.http_status_code == 404:
                 return None
@@ -159,8 +163,8 @@ class SchemaRegistry:
         named: dict[str, Any] = {}
         try:
             for ref in refs:
-                fastavro.parse_schema(json.loads(ref.schema.schema_str), named_schemas=named)
-            return fastavro.parse_schema(json.loads(schema.schema_str), named_schemas=named)
+                fastavro.parse_schema(json.loads(ref.schema.schema_str or ""), named_schemas=named)
+            return parsed_record_schema(json.loads(schema.schema_str or ""), named_schemas=named)
         except Exception as err:  # the registry's schema itself: its records cannot be read
             raise Reject(f"writer schema id {schema_id} does not parse: {err}") from None
 
@@ -215,12 +219,12 @@ class AvroFormat(ParsingFormat):
         only topics with `avro.registry` need theirs in it."""
         super().__init__(topic, registries)
         settings = _settings(topic)
-        self.reader = fastavro.parse_schema(topic.user_schema or {})
+        self.reader = parsed_record_schema(topic.user_schema or {})
         self.fixed: Resolution | None = None  # framing: plain
         self.schemas: WriterSchemas | None = None  # framing: confluent
         if settings.writer_schema is not None:
             path = topic.base_dir / settings.writer_schema
-            self.fixed = self._resolution(fastavro.parse_schema(load_schema(path)))
+            self.fixed = self._resolution(parsed_record_schema(load_schema(path)))
             return
         if settings.schemas_dir is not None:
             self.schemas = SchemaFolder(topic.base_dir / settings.schemas_dir)
@@ -238,6 +242,7 @@ class AvroFormat(ParsingFormat):
         self, value: bytes | bytearray | memoryview, coords: KafkaCoords, processing_time: datetime
     ) -> Parsed:
         data = bytes(value)
+        found: Resolution | None
         if self.fixed is not None:
             found, start, label = self.fixed, 0, "the writer_schema"
         else:
@@ -253,7 +258,9 @@ class AvroFormat(ParsingFormat):
         fo = io.BytesIO(data)
         fo.seek(start)
         try:
-            record = fastavro.schemaless_reader(fo, found.writer, found.reader)
+            record = cast(
+                dict[str, Any], fastavro.schemaless_reader(fo, found.writer, found.reader)
+            )
         except SchemaResolutionError as err:
             raise Reject(f"{label} does not resolve to the reader schema: {err}") from None
         except EOFError:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import fastavro
 from fastavro.schema import SchemaParseException, UnknownType, expand_schema
@@ -243,7 +243,7 @@ class ParsingFormat(Format):
         """`registries`: Schema Registry client configurations by connection id, for the
         formats that look up writer schemas; the others ignore it."""
         self.topic = topic
-        self.schema = fastavro.parse_schema(output_schema(topic.user_schema or {}))
+        self.schema = parsed_record_schema(output_schema(topic.user_schema or {}))
         """The partitioned files' schema, parsed once."""
 
     def parse(
@@ -317,6 +317,11 @@ def load_schema(path: str | Path) -> dict[str, Any]:
     except (OSError, ValueError, SchemaParseException) as err:
         raise ValueError(f"schema {path}: {err}") from None
     return schema
+
+
+def parsed_record_schema(schema: dict[str, Any], **named: Any) -> dict[str, Any]:
+    """fastavro's parse of a record schema, typed as the dict it is (its type says any schema)."""
+    return cast(dict[str, Any], fastavro.parse_schema(schema, **named))
 
 
 def output_schema(user_schema: dict[str, Any]) -> dict[str, Any]:

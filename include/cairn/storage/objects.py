@@ -10,6 +10,7 @@ kind of store is one class and one line there.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -100,7 +101,7 @@ class Storage:
         absent."""
         return self.backend.stat(_key(key)).version
 
-    def list_after(self, prefix: str, start_after: str, beginning: str = "") -> list[str]:
+    def list_after(self, prefix: str, start_after: str, beginning: str = "") -> builtins.list[str]:
         """Keys directly in folder `prefix` whose names begin with `beginning` and sort after
         `start_after`, sorted.
 
@@ -119,7 +120,7 @@ class Storage:
         `Delimiter` listing, however many names share each beginning."""
         return self.backend.name_heads(_folder(prefix), delimiter)
 
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str) -> builtins.list[str]:
         """Keys and sub-folders (with a trailing `/`) directly in folder `prefix`, sorted."""
         return self.backend.children(_key(prefix) + "/")
 
