@@ -133,9 +133,8 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         archive = CairnSparkOperator(
             task_id="archive",
             job="archive",
-            topic=topic,
+            cfg=cfg,
             payload=planned,
-            execution_timeout=cfg.spark_timeout,
             weight_rule=LAG_FIRST,  # the most lagging topic's job first (cairn_airflow.priority)
         )
         report = verify(planned)

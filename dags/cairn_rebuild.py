@@ -97,9 +97,8 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
         spark = CairnSparkOperator(
             task_id="rebuild",
             job="rebuild",
-            topic=topic,
+            cfg=cfg,
             payload=chosen,
-            execution_timeout=cfg.spark_timeout,
         )
         done = commit(chosen)
         spark >> done

@@ -10,7 +10,6 @@ a date now (asset-scheduled DAGs have no backfill).
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import date, datetime
 
@@ -42,14 +41,6 @@ def run_date(context: dict) -> date:
         return date.fromisoformat(given)
     except ValueError:
         raise NoDate(f"date {given!r} is not YYYY-MM-DD") from None
-
-
-def table_env() -> dict[str, str]:
-    """What the seal job needs to write the table's files (the catalog's S3 access)."""
-    from cairn.table import iceberg  # pyarrow and pyiceberg: only where a task needs them
-
-    found = catalog()
-    return {"CAIRN_TABLE_OPTIONS": json.dumps(iceberg.storage_options(found) if found else {})}
 
 
 def seal_dag(cfg: TopicConfig) -> DAG:
@@ -104,10 +95,8 @@ def seal_dag(cfg: TopicConfig) -> DAG:
         spark = CairnSparkOperator(
             task_id="seal",
             job="seal",
-            topic=topic,
+            cfg=cfg,
             payload=chosen,
-            execution_timeout=cfg.spark_timeout,
-            extra_env=table_env,
         )
         spark >> commit(chosen)
     return dag

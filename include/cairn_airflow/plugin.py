@@ -1,7 +1,7 @@
 """What Airflow must discover about Cairn, in one plugin: the pages and `/cairn/metrics` (a
 FastAPI app the api-server mounts, its nav entry, and the `/cairn` → `/cairn/` redirect), and the
 archive task's priority weight rule, which every process that serializes or schedules DAGs must
-know. `plugins/cairn.py` registers it; everything else is imported where it is used."""
+know. `plugins/cairn_plugin.py` registers it; everything else is imported where it is used."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import json
 import textwrap
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -62,6 +62,8 @@ class Archiver:
     kafka: KafkaConf | str
     """The Kafka configuration, or only a plaintext listener's bootstrap servers."""
     options: dict
+    registries: dict = field(default_factory=dict)
+    """Schema Registry client configurations, as the operator gives the job (avro topics)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.kafka, str):
@@ -79,7 +81,7 @@ class Archiver:
         """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
         archive_run.clean_run(self.storage(cfg), planned)
         if not planned.plan.empty:
-            archive(self.spark, planned, cfg, self.kafka, self.options)
+            archive(self.spark, planned, cfg, self.kafka, self.options, self.registries)
 
     def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> run_record.RunRecord:
         report = archive_run.verify_run(self.storage(cfg), planned)
@@ -96,7 +98,7 @@ class Archiver:
         """The rebuild DAG's select task and its Spark job, without its commit task."""
         chosen = rebuild.select(self.storage(cfg), cfg, days, f"test-{uuid.uuid4().hex[:6]}")
         if chosen is not None:
-            rebuild_job(self.spark, chosen, cfg, self.options)
+            rebuild_job(self.spark, chosen, cfg, self.options, self.registries)
         return chosen
 
     def commit_rebuild(self, cfg: TopicConfig, chosen: rebuild.Selection) -> tokens.Token:

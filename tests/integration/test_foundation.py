@@ -69,7 +69,7 @@ def test_postgres_keeps_its_data_and_shuts_down_cleanly_with_a_client_connected(
 
 
 def test_every_service_of_the_stack_listens_on_loopback_only(
-    airflow, kafka, s3, spark_cluster, stack_settings
+    airflow, kafka, s3, stack_settings
 ) -> None:
     groups = {
         int(path.read_text().split()[0]) for path in (stack_settings.state_dir / "pids").iterdir()

@@ -72,7 +72,7 @@ def test_the_archive_spark_task_is_weighted_by_lag_the_rebuild_task_is_not():
 def test_the_rule_is_registered_by_the_plugin_the_plugins_folder_holds():
     """Airflow finds plugins by loading each file of its plugins folder: the one there must
     bring the rule, or a DAG naming it fails to import."""
-    found = runpy.run_path(str(REPO / "plugins" / "cairn.py"))
+    found = runpy.run_path(str(REPO / "plugins" / "cairn_plugin.py"))
     plugins = [p for p in found.values() if isinstance(p, type) and issubclass(p, AirflowPlugin)]
     assert [p.name for p in plugins] == ["cairn"]
     assert priority.TimeLagFirst in plugins[0].priority_weight_strategies

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import cairn_pyspark_daemon as daemon
+from cairn_stack import pyspark_daemon as daemon
 from cairn_stack.services import PYTHON_DAEMON
 
 

@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any, Literal, NamedTuple, Protocol, cast
 
 import fastavro
@@ -108,24 +108,38 @@ class SchemaFolder:
     Layout: `<dir>/<subject>/<version>-<id>.avsc`, e.g. `payments-value/3-1042.avsc` is version
     3 of subject `payments-value`, registered with id 1042 (the id the producers' values carry).
     It is what a registry export gives: `GET /subjects/<s>/versions/<v>` returns all three.
+    The files are read through the topic, so they travel with its entry to Spark jobs.
     """
 
-    def __init__(self, folder: Path) -> None:
-        if not folder.is_dir():
-            raise ValueError(f"schemas_dir {folder} is not a folder")
-        self.paths: dict[int, Path] = {}
-        for path in sorted(folder.glob("*/*.avsc")):
-            found = _SCHEMA_FILE_RE.fullmatch(path.name)
+    def __init__(self, topic: Topic, folder: str) -> None:
+        if not _has_folder(topic, folder):
+            raise ValueError(f"schemas_dir {topic.base_dir / folder} is not a folder")
+        self.topic = topic
+        self.paths: dict[int, str] = {}
+        for name in schema_files(topic, folder):
+            found = _SCHEMA_FILE_RE.fullmatch(PurePosixPath(name).name)
             if found is None:
-                raise ValueError(f"{path}: name writer schemas <subject>/<version>-<id>.avsc")
+                raise ValueError(f"{name}: name writer schemas <subject>/<version>-<id>.avsc")
             schema_id = int(found["id"])
             if schema_id in self.paths:
-                raise ValueError(f"{path}: schema id {schema_id} also in {self.paths[schema_id]}")
-            self.paths[schema_id] = path
+                raise ValueError(f"{name}: schema id {schema_id} also in {self.paths[schema_id]}")
+            self.paths[schema_id] = name
 
     def by_id(self, schema_id: int) -> dict[str, Any] | None:
-        path = self.paths.get(schema_id)
-        return None if path is None else parsed_record_schema(load_schema(path))
+        name = self.paths.get(schema_id)
+        if name is None:
+            return None
+        return parsed_record_schema(_load(self.topic, name))
+
+
+def schema_files(topic: Topic, folder: str) -> list[str]:
+    """The writer schema files of a `schemas_dir`, relative to the topics file."""
+    return topic.file_names(folder, "*/*.avsc")
+
+
+def _has_folder(topic: Topic, folder: str) -> bool:
+    """Whether the `schemas_dir` exists: on disk, or in the snapshot the entry travelled with."""
+    return (topic.base_dir / folder).is_dir() or bool(schema_files(topic, folder))
 
 
 class SchemaRegistry:
@@ -202,9 +216,9 @@ class AvroFormat(ParsingFormat):
         settings = _settings(topic)
         try:
             if settings.writer_schema is not None:
-                load_schema(topic.base_dir / settings.writer_schema)
+                _load(topic, settings.writer_schema)
             if settings.schemas_dir is not None:
-                SchemaFolder(topic.base_dir / settings.schemas_dir)
+                SchemaFolder(topic, settings.schemas_dir)
         except ValueError as err:  # load_schema and SchemaFolder name the file
             field = "avro.writer_schema" if settings.writer_schema else "avro.schemas_dir"
             raise FieldError(field, str(err)) from None
@@ -213,6 +227,13 @@ class AvroFormat(ParsingFormat):
     def registry_ids(cls, topic: Topic) -> list[str]:
         registry = _settings(topic).registry
         return [] if registry is None else [registry]
+
+    @classmethod
+    def files(cls, topic: Topic) -> list[str]:
+        settings = _settings(topic)
+        if settings.writer_schema is not None:
+            return [settings.writer_schema]
+        return [] if settings.schemas_dir is None else schema_files(topic, settings.schemas_dir)
 
     def __init__(self, topic: Topic, registries: Registries | None = None) -> None:
         """`registries` maps a registry connection id to its `SchemaRegistryClient` config;
@@ -223,11 +244,11 @@ class AvroFormat(ParsingFormat):
         self.fixed: Resolution | None = None  # framing: plain
         self.schemas: WriterSchemas | None = None  # framing: confluent
         if settings.writer_schema is not None:
-            path = topic.base_dir / settings.writer_schema
-            self.fixed = self._resolution(parsed_record_schema(load_schema(path)))
+            writer = _load(topic, settings.writer_schema)
+            self.fixed = self._resolution(parsed_record_schema(writer))
             return
         if settings.schemas_dir is not None:
-            self.schemas = SchemaFolder(topic.base_dir / settings.schemas_dir)
+            self.schemas = SchemaFolder(topic, settings.schemas_dir)
         else:
             config = (registries or {}).get(settings.registry or "")
             if config is None:
@@ -279,6 +300,15 @@ class AvroFormat(ParsingFormat):
     def _resolution(self, writer: dict[str, Any]) -> Resolution:
         """Compared once per writer schema: fastavro would compare them for every value."""
         return Resolution(writer, None if writer == self.reader else self.reader)
+
+
+def _load(topic: Topic, relative: str) -> dict[str, Any]:
+    """A schema file the entry names, read through the topic (`load_schema` checks it)."""
+    try:
+        data = topic.read_file(relative)
+    except OSError as err:
+        raise ValueError(f"schema {topic.base_dir / relative}: {err}") from None
+    return load_schema(topic.base_dir / relative, data)
 
 
 def _settings(topic: Topic) -> AvroSettings:

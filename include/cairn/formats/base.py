@@ -112,6 +112,8 @@ class Topic(Protocol):
     def user_schema(self) -> dict[str, Any] | None: ...
     @property
     def base_dir(self) -> Path: ...
+    def read_file(self, relative: str) -> bytes: ...
+    def file_names(self, folder: str, pattern: str) -> list[str]: ...
     @property
     def format_settings(self) -> BaseModel | None: ...
 
@@ -183,6 +185,12 @@ class Format(ABC):
     @classmethod
     def registry_ids(cls, topic: Topic) -> list[str]:
         """The Schema Registry connections this topic's values need (none by default)."""
+        return []
+
+    @classmethod
+    def files(cls, topic: Topic) -> list[str]:
+        """The files of the format's own settings that the topic needs, besides its schema
+        (relative to the topics file): they travel with the entry to Spark jobs."""
         return []
 
 
@@ -303,10 +311,11 @@ class ParsingFormat(Format):
         return Parsed(record, filing.folder, filing.folder_time, filing.event_time)
 
 
-def load_schema(path: str | Path) -> dict[str, Any]:
-    """Read an .avsc file that must hold a record schema; return it as plain JSON (unparsed)."""
+def load_schema(path: str | Path, data: bytes | None = None) -> dict[str, Any]:
+    """Read an .avsc file that must hold a record schema (`data`: its bytes, already read);
+    return it as plain JSON (unparsed)."""
     try:
-        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+        schema = json.loads(Path(path).read_bytes() if data is None else data)
         if not isinstance(schema, dict) or schema.get("type") != "record":
             raise ValueError("top level must be an Avro record")
         if not isinstance(schema.get("fields"), list):

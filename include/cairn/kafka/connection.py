@@ -16,6 +16,7 @@ reaches the Spark job as one environment variable (`ENV_VARIABLE`), never as arg
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,11 @@ SECURITY = {
 """Mapped one by one in `KafkaConf.spark_options`."""
 
 
+LIBRDKAFKA_LOG = logging.getLogger("cairn.kafka.librdkafka")
+"""Where every Kafka client Cairn makes sends librdkafka's own log lines (its `logger`
+setting), instead of printing them raw on stderr: Airflow's task logs, the CLI's handlers."""
+
+
 class KafkaConfigError(PermanentError):
     """A Kafka setting Cairn cannot use or cannot carry to the Spark job's Java client."""
 
@@ -152,6 +158,11 @@ class KafkaConf:
         return {ENV_VARIABLE: json.dumps({"label": self.label, "config": self._settings})}
 
     @property
+    def settings(self) -> dict[str, Any]:
+        """The librdkafka settings, as given (secrets included: keep them out of messages)."""
+        return dict(self._settings)
+
+    @property
     def bootstrap_servers(self) -> str:
         return self._settings["bootstrap.servers"]
 
@@ -172,9 +183,10 @@ class KafkaConf:
         return KafkaConf({**self._settings, "log_level": 0}, self.label)
 
     def client_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """confluent-kafka configuration: the settings, minus what Cairn sets, plus `overrides`."""
+        """confluent-kafka configuration: the settings, minus what Cairn sets, plus `overrides`;
+        librdkafka's log lines go through Python's logging (`LIBRDKAFKA_LOG`)."""
         mine = {k: v for k, v in self._settings.items() if k not in SET_BY_CAIRN}
-        return {**mine, **(overrides or {})}
+        return {**mine, "logger": LIBRDKAFKA_LOG, **(overrides or {})}
 
     def spark_options(self) -> dict[str, str]:
         """The Spark Kafka source's `kafka.*` options for the same cluster and identity.

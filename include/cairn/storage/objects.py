@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from typing import IO, Any
@@ -23,7 +22,7 @@ from cairn.storage.in_memory import InMemory
 from cairn.storage.local_disk import LocalDisk
 from cairn.storage.s3_bucket import S3Bucket
 
-__all__ = ["BACKENDS", "OPTIONS_VARIABLE", "ObjectExists", "Storage", "options_from_env"]
+__all__ = ["BACKENDS", "ObjectExists", "Storage"]
 
 BACKENDS: dict[str, type[Backend]] = {"file": LocalDisk, "s3": S3Bucket, "memory": InMemory}
 """The backend of each archive root scheme."""
@@ -166,11 +165,3 @@ def _key(key: str) -> str:
 def _folder(prefix: str) -> str:
     """The folder `prefix` as backends take it: `a/b/`, or empty for the whole root."""
     return _key(prefix) + "/" if prefix.strip("/") else ""
-
-
-OPTIONS_VARIABLE = "CAIRN_STORAGE_OPTIONS"
-"""How Spark jobs receive storage credentials: fsspec options as JSON in the environment."""
-
-
-def options_from_env() -> dict[str, Any]:
-    return json.loads(os.environ.get(OPTIONS_VARIABLE) or "{}")

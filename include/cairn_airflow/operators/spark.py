@@ -1,121 +1,94 @@
-"""`CairnSparkOperator`: run one of Cairn's Spark jobs (`spark_jobs/<job>.py`) from a task, on a
+"""`CairnSparkOperator`: run one of Cairn's Spark jobs (archive, rebuild, seal) from a task, on a
 Spark Connect server or by spark-submit, as the Spark connection's type says."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from cairn.config import REPO
+import spark_jobs.main
+from cairn.config import REPO, TopicConfig
 from cairn.errors import PERMANENT_EXIT
-from cairn.formats import REGISTRIES_VARIABLE
+from cairn.jobs import ArchiveInput, JobInput, RebuildInput, SealInput, check_shared, to_env
 from cairn.protocol import commit
 from cairn.protocol.plan import Plan
-from cairn.storage.objects import OPTIONS_VARIABLE
 from cairn.topics_file import find_topic
 from cairn_airflow.failures import fail_fast
-from cairn_airflow.hooks.connections import kafka_conf, schema_registries, storage, storage_options
+from cairn_airflow.hooks.catalog import catalog
+from cairn_airflow.hooks.connections import (
+    kafka_conf,
+    schema_registries,
+    storage,
+    storage_options,
+)
 from cairn_airflow.hooks.spark_connect import Connected, connect_session
+from cairn_airflow.spark_artifact import code_artifact
 
 log = logging.getLogger(__name__)
 
 SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
 SPARK_POOL = os.environ.get("CAIRN_SPARK_POOL", "cairn_spark")
-"""The Airflow pool every Cairn Spark task (archive and rebuild) takes one slot of, so its slots
-cap how many Spark jobs run at once. Airflow does not create it: a task in a missing pool waits
-in `scheduled` for ever (the local stack and docker-compose.yml create it; README)."""
+"""The Airflow pool every Cairn Spark task (archive, rebuild, seal) takes one slot of, so its
+slots cap how many Spark jobs run at once. Airflow does not create it: a task in a missing pool
+waits in `scheduled` for ever (the local stack and docker-compose.yml create it; README)."""
 SPARK_JARS_DIR = Path(os.environ.get("CAIRN_JARS_DIR", REPO / ".cairn" / "jars")) / "spark"
-SPARK_JOBS = REPO / "spark_jobs"
 
-
-def spark_job(job: str) -> ModuleType:
-    """A Spark job's module (`spark_jobs/<job>.py`), loaded from the file spark-submit would
-    run (the jobs folder need not be importable here, nor on the Spark Connect server)."""
-    name = f"cairn_spark_job_{job}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SPARK_JOBS / f"{job}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """`values` in this process's environment for the block, the previous values after it."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+Job = Literal["archive", "rebuild", "seal"]
 
 
 class CairnSparkOperator(SparkSubmitOperator):
-    """Run one of Cairn's Spark jobs (`spark_jobs/<job>.py`) through the Spark connection.
+    """Run one of Cairn's Spark jobs through the Spark connection.
 
     The connection's type chooses how. A `spark_connect` connection (the Apache Spark
-    provider's; host and port of a Spark Connect server) runs the job's `run` in this task on a
-    session of that long-lived server: no JVM starts per run, and runs share the server's Cairn
-    session with its warm Python workers (`cairn_airflow.hooks.spark_connect`); a run's work is
-    tagged, so killing the task interrupts that run's work alone. A `spark` connection (a master
-    URL) spark-submits the job's file instead, with the same arguments and environment.
+    provider's; host and port of a Spark Connect server) runs `spark_jobs.main.run` in this
+    task on a session of that long-lived server: no JVM starts per run; runs of one code
+    version share a session with its warm Python workers (`cairn_airflow.hooks.spark_connect`),
+    and a run's work is tagged, so killing the task interrupts that run's work alone. A `spark`
+    connection (a master URL) spark-submits `spark_jobs/main.py` instead.
 
-    `payload` (templated: the upstream task's XCom, a planned run or a rebuild selection) holds
-    the attempt's claim; the job gets only the claim's key and reads the plan from storage, so
-    no plan is too large for a command line. The claim is checked before submitting: a
-    fenced-out attempt fails without retries and starts no Spark work, and so does a run that
-    only records a position. Credentials and Kafka's address are resolved when the task runs
-    (never at DAG parse time) and reach the job as environment (`CAIRN_KAFKA_CONFIG`,
-    `CAIRN_STORAGE_OPTIONS`, `CAIRN_SCHEMA_REGISTRIES`), not as arguments that show in process
-    listings.
+    Either way the job gets one typed `JobInput` (`cairn.jobs`): the topic's entry with its
+    files, the claim's key (the plan or selection is read from storage by reference), and the
+    settings resolved now, never at DAG parse time (Kafka, storage, Schema Registries, the
+    table's warehouse) — in the task on Spark Connect, in one environment variable for
+    spark-submit, never as arguments that show in process listings. The job's code goes with
+    it as this deployment's artifact (`cairn_airflow.spark_artifact`). The claim is checked
+    before any Spark work: a fenced-out attempt fails without retries and starts none, and a run
+    that only records a position starts none either.
+
+    A `spark` connection's extra may hold Cairn's own settings under `cairn`: `python`, the
+    executors' Python on the cluster (`spark.pyspark.python`; by default this Python for a
+    `local` master and the cluster's `python3` otherwise), and `conf`, more Spark properties
+    for every job (a queue's resources, `spark.cores.max`).
     """
 
     template_fields = (*SparkSubmitOperator.template_fields, "payload")
     _connected: Connected | None = None
     """The run's hold on its Spark Connect session while its job runs (for `on_kill`)."""
 
-    def __init__(
-        self,
-        *,
-        job: str,
-        topic: str,
-        payload: Any,
-        extra_env: Callable[[], dict[str, str]] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, job: Job, cfg: TopicConfig, payload: Any, **kwargs: Any) -> None:
+        """A task of `cfg`'s topic: its Spark connection (`spark_connection`) and its attempts
+        killed after `spark_timeout`."""
         super().__init__(
-            application=str(SPARK_JOBS / f"{job}.py"),
-            conn_id=SPARK_CONN_ID,
-            name=f"cairn-{job}-{topic}",
-            conf={"spark.ui.showConsoleProgress": "false"},
+            application=spark_jobs.main.__file__,
+            conn_id=cfg.spark_connection or SPARK_CONN_ID,
+            name=f"cairn-{job}-{cfg.topic}",
             pool=SPARK_POOL,
             pool_slots=1,
+            execution_timeout=cfg.spark_timeout,
             **kwargs,
         )
         self.job = job
-        self.topic = topic
+        self.topic = cfg.topic
         self.payload = payload
-        self.extra_env = extra_env
-        """More environment for the job, resolved when the task runs (secrets included)."""
 
     def execute(self, context: Any) -> None:
         claim = commit.Claim.model_validate(self.payload["claim"])
@@ -125,42 +98,81 @@ class CairnSparkOperator(SparkSubmitOperator):
         with fail_fast():
             cfg = find_topic(self.topic)  # an entry broken since the run started fails here
             commit.check_live(storage(cfg), claim)
+            job = self.job_input(cfg, claim.key)
+        conn = BaseHook.get_connection(self._conn_id)
+        if conn.conn_type == SparkConnectHook.conn_type:
+            self.run_connected(job)
+        else:
+            self.submit(job, conn, context)
+
+    def job_input(self, cfg: TopicConfig, claim_key: str) -> JobInput:
+        """The job's input, its settings resolved from the connections now."""
+        common: dict[str, Any] = {
+            "topic": cfg.snapshot(),
+            "claim": claim_key,
+            "storage_options": storage_options(cfg, for_spark=True),
+            "artifact": code_artifact().name,
+        }
+        if self.job == "archive":
             kafka = kafka_conf()
-            kafka.spark_options()  # a setting Spark cannot use fails here, before submitting
-        self.application_args = ["--topic", self.topic, "--claim", claim.key]
-        self.env_vars = {
-            OPTIONS_VARIABLE: json.dumps(storage_options(cfg, for_spark=True)),
-            **kafka.to_env(),
-            REGISTRIES_VARIABLE: json.dumps(schema_registries(cfg)),
-            "PYSPARK_PYTHON": sys.executable,
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        } | (self.extra_env() if self.extra_env else {})
-        if BaseHook.get_connection(self._conn_id).conn_type == SparkConnectHook.conn_type:
-            self.run_connected()
-            return
+            kafka.spark_options()  # a setting Spark cannot use fails here, before any job
+            return ArchiveInput(
+                **common,
+                kafka=kafka.settings,
+                kafka_label=kafka.label,
+                registries=schema_registries(cfg),
+            )
+        if self.job == "rebuild":
+            return RebuildInput(**common, registries=schema_registries(cfg))
+        from cairn.table import iceberg  # pyarrow and pyiceberg: only where a task needs them
+
+        found = catalog()
+        return SealInput(
+            **common,
+            table_options=iceberg.storage_options(found) if found else {},
+            table_location=(self.payload.get("table") or {}).get("location"),
+        )
+
+    def run_connected(self, job: JobInput) -> None:
+        """The job on a session of the connection's Spark Connect server (the job's input,
+        secrets included, stays in this process and reaches the server inside the run's plan,
+        never on a command line)."""
+        url = SparkConnectHook(self._conn_id).get_connection_url()
+        log.info("%s job on the Spark Connect server %s", self.job, url.split("/;", 1)[0])
+        with fail_fast(), connect_session(url, code_artifact()) as self._connected:
+            try:
+                log.info("%s", spark_jobs.main.run(self._connected.session, job))
+            finally:
+                self._connected = None
+
+    def submit(self, job: JobInput, conn: Any, context: Any) -> None:
+        """spark-submit `spark_jobs/main.py` with the code artifact and the connector jars."""
+        master = conn.host + (f":{conn.port}" if conn.port else "")
+        with fail_fast():
+            check_shared(master, job.locations())  # before any JVM starts
         jars = sorted(SPARK_JARS_DIR.glob("*.jar"))
         if not jars:
             raise FileNotFoundError(f"no Spark Kafka connector jars in {SPARK_JARS_DIR}")
+        own = conn.extra_dejson.get("cairn") or {}
+        self.conf = {"spark.ui.showConsoleProgress": "false", **own.get("conf", {})}
+        # The executors run the cluster's Python: the connection's, else the cluster's own
+        # (its spark-defaults, else `python3`); this one only on a local master. A driver on
+        # this machine (client deploy mode) runs this one, whatever the executors run.
+        executors = own.get("python") or (sys.executable if master.startswith("local") else None)
+        if executors:
+            self.conf["spark.pyspark.python"] = executors
+        if conn.extra_dejson.get("deploy-mode") != "cluster":
+            self.conf["spark.pyspark.driver.python"] = sys.executable
         self.jars = ",".join(map(str, jars))
+        self.py_files = str(code_artifact().path)
+        self.env_vars = {**to_env(job), "PYSPARK_PYTHON": "python3"}
         try:
             super().execute(context)
         except AirflowException as err:
             if re.search(rf"Error code is: {PERMANENT_EXIT}\b", str(err)):
-                raise AirflowFailException(f"{claim.label} stopped for good: {err}") from err
+                label = f"topic {self.topic!r} {self.job} job"
+                raise AirflowFailException(f"{label} stopped for good: {err}") from err
             raise
-
-    def run_connected(self) -> None:
-        """The job's `run` on a session of the connection's Spark Connect server, with the
-        arguments and environment spark-submit would get (the secrets stay in this process and
-        reach the server inside the run's plan, never on a command line)."""
-        job = spark_job(self.job)
-        url = SparkConnectHook(self._conn_id).get_connection_url()
-        log.info("%s job on the Spark Connect server %s", self.job, url.split("/;", 1)[0])
-        with environment(self.env_vars), fail_fast(), connect_session(url) as self._connected:
-            try:
-                log.info("%s", job.run(self._connected.session, self.application_args))
-            finally:
-                self._connected = None
 
     def on_kill(self) -> None:
         """Interrupt the session's work on Spark Connect, or kill spark-submit if it started."""
