@@ -8,6 +8,7 @@ in the middle of a run, and the archive still holds every record exactly once.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -291,18 +292,34 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     assert_exactly_once(contents, all_offsets(offsets_now(kafka)))
 
 
-def worker_processes(name: str) -> list[int]:
-    """Every process of the Celery worker `name` (its tasks' included), by its environment."""
-    mark = f"CAIRN_WORKER_NAME={name}".encode()
-    found = []
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (by parent pid), as they are now."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if mark in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, ValueError):
                 continue
-    return found
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return tree
+
+
+def kill_worker(settings: StackSettings, name: str) -> list[int]:
+    """SIGKILL the Celery worker `name` and every process it started (its tasks', Spark's
+    client included), as a machine that dies takes them all."""
+    (service,) = [s for s in cluster.celery_workers(settings, {}) if s.name == name]
+    pids = process_tree(service.pid())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retried_on_the_other(
@@ -315,7 +332,6 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
         run_id, runs = archive_while(airflow, kafka, 50, lambda run_id: True)
         assert all(r["state"] == "success" for r in runs), runs
         hosts = {ti["hostname"] for ti in task_instances(airflow, dag, run_id).values()}
-        print("DEBUG hosts", run_id, hosts)
         if hosts >= names:
             break
     assert hosts - {None, ""} == names  # one run's tasks ran on both workers
@@ -327,10 +343,7 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
         if archive["state"] != "running" or archive["hostname"] not in names:
             return False
         killed.append(archive["hostname"])
-        pids = worker_processes(archive["hostname"])
-        print("DEBUG kill", run_id, archive["hostname"], archive["try_number"], pids)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        assert len(kill_worker(settings, archive["hostname"])) > 2  # the worker and its task
         return True
 
     run_id, runs = archive_while(airflow, kafka, 30_000, kill_the_archive_tasks_worker)
