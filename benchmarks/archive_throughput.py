@@ -46,19 +46,21 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES
+from cairn.jobs import ArchiveInput, to_env
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import archive_run
+from cairn.pipeline import archive_run, run_record
 from cairn.protocol import manifest
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
-from cairn.views import status
+from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
 from cairn_stack.settings import REPO, StackSettings
 
-JOB = REPO / "spark_jobs" / "archive.py"
+JOB = REPO / "spark_jobs" / "main.py"
+"""The jobs' one entry point, spark-submitted as the Airflow operator submits it."""
 SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
 VENV_BIN = Path(sys.executable).parent
 SAMPLE_EVERY = 0.2
@@ -324,16 +326,22 @@ def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> archiv
     return planned
 
 
-def spark_argv(planned: archive_run.Planned, topics: Path, driver_memory: str) -> list[str]:
-    """The job's command line as the Airflow operator builds it: the topic and the key of the
-    claim that holds the plan (Kafka's address goes by env)."""
-    job = ["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file", str(topics)]
-    return submit_argv(JOB, job, driver_memory)
+def archive_input(cfg: TopicConfig, planned: archive_run.Planned, bootstrap: str) -> dict[str, str]:
+    """The archive job's input as the Airflow operator gives it (the environment of a
+    spark-submitted job): the topic's entry, the claim that holds the plan, Kafka's address."""
+    job = ArchiveInput(
+        topic=cfg.snapshot(),
+        claim=planned.claim.key,
+        artifact=code_artifact().name,
+        kafka={"bootstrap.servers": bootstrap},
+        kafka_label="the benchmark's broker",
+    )
+    return to_env(job)
 
 
 def submit_argv(script: Path, args: list[str], driver_memory: str, jars: bool = True) -> list[str]:
-    """spark-submit of `script` on the stack's master, with the stack's Spark jars (Kafka,
-    Avro, Iceberg, PostgreSQL) as the Airflow operator gives them."""
+    """spark-submit of `script` on the stack's master, with the code artifact and the stack's
+    Spark jars (Kafka, Avro, Iceberg, PostgreSQL) as the Airflow operator gives them."""
     stack = StackSettings()
     given = []
     if jars:
@@ -345,6 +353,7 @@ def submit_argv(script: Path, args: list[str], driver_memory: str, jars: bool = 
         str(VENV_BIN / "spark-submit"),
         *["--master", stack.spark_master, "--driver-memory", driver_memory, *given],
         *["--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false"],
+        *["--py-files", str(code_artifact().path)],
         str(script),
         *args,
     ]
@@ -352,7 +361,6 @@ def submit_argv(script: Path, args: list[str], driver_memory: str, jars: bool = 
 
 def spark_submit(
     argv: list[str],
-    bootstrap: str,
     tasks: int,
     log: Path,
     timeout: float,
@@ -366,10 +374,8 @@ def spark_submit(
     log's tail."""
     env = {
         **os.environ,
-        "CAIRN_BOOTSTRAP_SERVERS": bootstrap,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "CAIRN_STORAGE_OPTIONS": "{}",
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         **(env or {}),
     }
@@ -377,23 +383,23 @@ def spark_submit(
 
 
 # The Airflow task's side of a Spark Connect run: the job's `run` on a session of the server,
-# held as the operator holds it (plugins/cairn_connect.py).
+# held as the operator holds it (cairn_airflow.hooks.spark_connect).
 CONNECT_CLIENT = """
-import sys
-sys.path[:0] = [{repo!r}, {plugins!r}]
-from cairn_connect import connect_session
-from spark_jobs.archive import run
-with connect_session(sys.argv[2]) as connected:  # argv[1]: the job, for the sampler
-    print(run(connected.session, sys.argv[3:]))
+import os, sys
+from cairn.jobs import from_env
+from cairn_airflow.hooks.spark_connect import connect_session
+from cairn_airflow.spark_artifact import code_artifact
+from spark_jobs.main import run
+with connect_session(sys.argv[2], code_artifact()) as connected:  # argv[1]: for the sampler
+    print(run(connected.session, from_env(os.environ)))
 """
 
 
-def connect_argv(url: str, planned: archive_run.Planned, topics: Path) -> list[str]:
-    """The job as the Airflow task runs it on a `spark_connect` connection (`archive.py` is in
-    the command line so the sampler counts this process as the job's driver)."""
-    code = CONNECT_CLIENT.format(repo=str(REPO), plugins=str(REPO / "plugins"))
-    job_args = ["--topic", planned.topic, "--claim", planned.claim.key, "--topics-file"]
-    return [sys.executable, "-c", code, str(JOB), url, *job_args, str(topics)]
+def connect_argv(url: str) -> list[str]:
+    """The job as the Airflow task runs it on a `spark_connect` connection, its input in the
+    environment (`main.py` is in the command line so the sampler counts this process as the
+    job's driver)."""
+    return [sys.executable, "-c", CONNECT_CLIENT, str(JOB), url]
 
 
 @contextlib.contextmanager
@@ -488,7 +494,7 @@ class Round:
     plan_clean_seconds: float
     verify_seconds: float
     commit_seconds: float
-    summary: status.RunRecord
+    summary: run_record.RunRecord
     storage: Storage
     task_seconds: list[float]
     load: list[float]
@@ -516,16 +522,15 @@ def archive_round(
     spark_log, also = work / "spark.log", ()
     if server is not None:
         url, service = server
-        argv, spark_log = connect_argv(url, planned, topics), service.log
+        argv, spark_log = connect_argv(url), service.log
         also = (psutil.Process(service.pid()),)
         tasks = 0  # the server's log counts the earlier runs' tasks too
     else:
-        argv = spark_argv(planned, topics, args.driver_memory)
+        argv = submit_argv(JOB, [], args.driver_memory)
     first_task = len(task_seconds(spark_log)) if spark_log.exists() else 0
     load = [os.getloadavg()[0]]
-    spark_s, peaks = spark_submit(
-        argv, bootstrap, tasks, work / "spark.log", args.timeout, also=also
-    )
+    env = archive_input(cfg, planned, bootstrap)
+    spark_s, peaks = spark_submit(argv, tasks, work / "spark.log", args.timeout, also=also, env=env)
     console.print(f"spark job finished in {spark_s:.1f}s")
     load.append(os.getloadavg()[0])
 
@@ -584,8 +589,8 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
             warm_up(server[0], bootstrap, work, args)
             notes.append(
                 "the warm-up and the measured runs join the server's shared Cairn session, as "
-                "the Airflow task's runs do (plugins/cairn_connect.py): its Python workers are "
-                "started and have imported cairn"
+                "the Airflow task's runs do (cairn_airflow.hooks.spark_connect): its Python "
+                "workers are started and have imported cairn"
             )
         rounds = [
             archive_round(args, work / f"round-{i + 1}", topic, bootstrap, server)
@@ -664,8 +669,8 @@ def warm_up(url: str, bootstrap: str, work: Path, args: argparse.Namespace) -> N
     topics = work / "warm.yaml"
     cfg = topics_file(topics, topic, work / "warm-archive", records)
     planned = plan_and_clean(cfg, Storage(cfg.root.storage_url), bootstrap)
-    argv = connect_argv(url, planned, topics)
-    spark_submit(argv, bootstrap, 0, work / "warm.log", args.timeout, label="warming up")
+    env = archive_input(cfg, planned, bootstrap)
+    spark_submit(connect_argv(url), 0, work / "warm.log", args.timeout, label="warming up", env=env)
 
 
 def run_peers(bootstrap: str, topic: str, args: argparse.Namespace, work: Path) -> list:
@@ -736,7 +741,7 @@ def backup_value_bytes(storage: Storage, attempt: manifest.Manifest) -> int:
     total = 0
     for entry in attempt.files:
         if entry.kind == "backup":
-            with storage.fs.open(storage.path(entry.key), "rb") as f:
+            with storage.open_read(entry.key) as f:
                 total += sum(len(r["value"] or b"") for r in fastavro.reader(f))
     return total
 

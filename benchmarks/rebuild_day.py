@@ -7,7 +7,8 @@ middle one) and `--other-records` for every other day. A day's records have even
 day, except `--late-fraction` (1%) that are late: event times on the day before. Then rebuilds
 the middle day as the rebuild DAG does: `cairn.pipeline.rebuild.select` (timed; it finds the backup
 files holding the day's records from the day's files' Avro headers and claims a rebuild attempt),
-the real `spark_jobs/rebuild.py --claim <key>` through spark-submit (timed, peak RSS sampled),
+the real rebuild job (`spark_jobs/main.py` with its `RebuildInput`) through spark-submit (timed,
+peak RSS sampled),
 commits as the DAG's commit task does (`cairn.pipeline.rebuild.commit_rebuild`), and checks
 that the day's folders hold exactly the records with that event date, once each.
 
@@ -33,9 +34,11 @@ from pathlib import Path
 
 import fastavro
 from archive_throughput import (
+    JOB,
     BenchError,
     JobRun,
     add_common_options,
+    archive_input,
     console,
     delete_topic,
     event_lines,
@@ -45,23 +48,23 @@ from archive_throughput import (
     private_kafka,
     produce,
     run_benchmark,
-    spark_argv,
     spark_submit,
     submit_argv,
     topics_file,
 )
 
 from cairn.config import TopicConfig
+from cairn.datafiles.file_entry import FileEntry
+from cairn.jobs import RebuildInput, to_env
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run, rebuild
 from cairn.protocol import manifest, tokens
-from cairn.protocol.manifest import FileEntry
 from cairn.storage.objects import Storage
+from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack.demo import create_topic
-from cairn_stack.settings import REPO, StackSettings
+from cairn_stack.settings import StackSettings
 
-REBUILD_JOB = REPO / "spark_jobs" / "rebuild.py"
 FIRST_DAY = date(2025, 1, 1)  # fixed, so the folders are the same every run
 
 
@@ -117,8 +120,9 @@ def archive_once(
 ) -> float:
     """One archive run as the archive DAG does it; returns the Spark job's wall time."""
     planned = plan_and_clean(cfg, storage, bootstrap)
-    argv = spark_argv(planned, topics, args.driver_memory)
-    seconds, _ = spark_submit(argv, bootstrap, len(planned.plan.to_read), log, args.timeout)
+    argv = submit_argv(JOB, [], args.driver_memory)
+    env = archive_input(cfg, planned, bootstrap)
+    seconds, _ = spark_submit(argv, len(planned.plan.to_read), log, args.timeout, env=env)
     report = archive_run.verify_run(storage, planned)
     counts = archive_run.commit_run(
         cfg, storage, planned, report, KafkaConf.from_bootstrap(bootstrap)
@@ -175,12 +179,13 @@ def archive_history(
 # --- the rebuild -----------------------------------------------------------------------------
 
 
-def rebuild_argv(selection: rebuild.Selection, topics: Path, driver_memory: str) -> list[str]:
-    """The rebuild job's command line as the rebuild DAG builds it: the topic and the key of the
-    claim that holds the selection (no Kafka: no jars)."""
-    claim = selection.claim
-    job = ["--topic", claim.topic, "--claim", claim.key, "--topics-file", str(topics)]
-    return submit_argv(REBUILD_JOB, job, driver_memory, jars=False)
+def rebuild_input(cfg: TopicConfig, selection: rebuild.Selection) -> dict[str, str]:
+    """The rebuild job's input as the Airflow operator gives it: the topic's entry and the key
+    of the claim that holds the selection."""
+    job = RebuildInput(
+        topic=cfg.snapshot(), claim=selection.claim.key, artifact=code_artifact().name
+    )
+    return to_env(job)
 
 
 def committed_backups(storage: Storage, topic: str, upto_seq: int) -> list[FileEntry]:
@@ -259,17 +264,16 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         f"select: {len(selection.sources)} of {len(backups)} backup files in {select_s:.2f}s"
     )
 
-    argv = rebuild_argv(selection, topics, args.driver_memory)
+    argv = submit_argv(JOB, [], args.driver_memory, jars=False)  # no Kafka: no jars
     log = work / "rebuild.log"
     load = [os.getloadavg()[0]]
     spark_s, peaks = spark_submit(
         argv,
-        "",
         len(selection.sources),
         log,
         args.timeout,
-        job=REBUILD_JOB,
         label="rebuilding (spark-submit)",
+        env=rebuild_input(cfg, selection),
     )
     load.append(os.getloadavg()[0])
     console.print(f"rebuild job finished in {spark_s:.1f}s")

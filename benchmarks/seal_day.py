@@ -12,9 +12,10 @@ and after; and the S3 requests of a seal as sealed dates accumulate. The Seal is
    Kafka time is past D's cutoff (end of D + `lateness` 1h): that is what makes D complete (the
    benchmark checks D is not complete before it).
 2. **The seal**, as the seal DAG drives it: `seal.select` (with the topic's table in a private
-   Iceberg JDBC catalog on PostgreSQL, warehouse a local folder), the real `spark_jobs/seal.py`
-   through spark-submit on the stack's master (given `--claim`, and the table's options in
-   CAIRN_TABLE_OPTIONS; wall time, and peak RSS of its process tree sampled every 0.2 s), then
+   Iceberg JDBC catalog on PostgreSQL, warehouse a local folder), the real seal job through
+   spark-submit of `spark_jobs/main.py` on the stack's master (its `SealInput` in the
+   environment, as the operator gives it; wall time, and peak RSS of its process tree sampled
+   every 0.2 s), then
    `seal.finish_seal` (commit, the table's snapshot, the proof), each timed. Checked: every hour
    folder holds exactly the (partition, offset) it held, the table's count for D is the proof's,
    and no folder has more than ceil(its bytes / `seal_target_file_mb`) files.
@@ -69,6 +70,7 @@ from pathlib import Path
 import fastavro
 import numpy as np
 from archive_throughput import (
+    JOB,
     BenchError,
     JobRun,
     Peaks,
@@ -91,6 +93,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from requests_per_run import counting, history_run, private_s3, topic_config
 
 from cairn.datafiles.avro_file import read_header
+from cairn.jobs import SealInput, to_env
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import completeness, seal
 from cairn.pipeline.proof import Proof
@@ -99,11 +102,11 @@ from cairn.storage.layout import DataFile, date_folder, kind_folder
 from cairn.storage.objects import Storage
 from cairn.table import catalog as catalogs
 from cairn.table import iceberg, offset_index
+from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack import services
 from cairn_stack.process import free_port_block
 from cairn_stack.settings import REPO, StackSettings
 
-SEAL_JOB = REPO / "spark_jobs" / "seal.py"
 PEERS = REPO / "benchmarks" / "spark_day.py"
 RUN = timedelta(days=1)
 CLOSING = 2
@@ -302,19 +305,23 @@ def seal_date(
     select_s = time.perf_counter() - t
     if chosen is None:
         raise BenchError(f"select found nothing to seal in {day}")
-    job = ["--topic", cfg.topic, "--claim", chosen.claim.key, "--topics-file", str(topics)]
-    argv = submit_argv(SEAL_JOB, job, args.driver_memory)
+    job = SealInput(
+        topic=cfg.snapshot(),
+        claim=chosen.claim.key,
+        artifact=code_artifact().name,
+        table_options=iceberg.storage_options(catalog),
+        table_location=chosen.table.location if chosen.table else None,
+    )
+    argv = submit_argv(JOB, [], args.driver_memory)
     log = work / "seal.log"
     load = [os.getloadavg()[0]]
     job_s, peaks = spark_submit(
         argv,
-        "",
         len(chosen.folders),
         log,
         args.timeout,
-        job=SEAL_JOB,
         label="sealing (spark-submit)",
-        env={"CAIRN_TABLE_OPTIONS": json.dumps(iceberg.storage_options(catalog))},
+        env=to_env(job),
     )
     load.append(os.getloadavg()[0])
     with console.status("finish_seal: commit, table snapshot, proof"):
@@ -376,9 +383,7 @@ def plain_spark(
             job += ["--parquet", str(out / "parquet"), "--date", day.isoformat()]
         argv = submit_argv(PEERS, job, args.driver_memory)
         log = work / f"plain-{len(runs)}.log"
-        seconds, peaks = spark_submit(
-            argv, "", 0, log, args.timeout, job=PEERS, label=f"peer: {name}"
-        )
+        seconds, peaks = spark_submit(argv, 0, log, args.timeout, job=PEERS, label=f"peer: {name}")
         for kind in ("avro", "parquet") if parquet else ("avro",):
             written = list((out / kind).glob(f"hr=*/part-*.{kind}"))
             if len(written) != folders:
@@ -430,7 +435,7 @@ def scan_day(
     log = work / "scan.log"
     env = {"CAIRN_BENCH_SPARK_CONF": json.dumps(catalogs.spark_conf(catalog))}
     argv = submit_argv(PEERS, job, args.driver_memory)
-    spark_submit(argv, "", 0, log, args.timeout, job=PEERS, label="day-scan queries", env=env)
+    spark_submit(argv, 0, log, args.timeout, job=PEERS, label="day-scan queries", env=env)
     line = next(x for x in log.read_text().splitlines() if x.startswith("RESULT "))
     found = json.loads(line.removeprefix("RESULT "))
     answers = found["answers"]

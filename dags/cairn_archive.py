@@ -19,15 +19,15 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
-from cairn_assets import announce_dates, topic_asset
-from cairn_connections import kafka_conf, storage
-from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
-from cairn_failures import fail_fast
-from cairn_notifier import archive_deadline, check_health, notifier
-from cairn_priority import LAG_FIRST, remember_lag
-from cairn_root_memory import earlier_roots, remember_root
-from cairn_spark_operator import CairnSparkOperator
-from cairn_stats import report_run
+from cairn_airflow.assets import announce_dates, topic_asset
+from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.connections import kafka_conf, storage
+from cairn_airflow.notifications.notifier import archive_deadline, check_health, notifier
+from cairn_airflow.operators.spark import CairnSparkOperator
+from cairn_airflow.priority import LAG_FIRST, remember_lag
+from cairn_airflow.root_memory import earlier_roots, remember_root
+from cairn_airflow.stats import report_run
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +133,9 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         archive = CairnSparkOperator(
             task_id="archive",
             job="archive",
-            topic=topic,
+            cfg=cfg,
             payload=planned,
-            execution_timeout=cfg.spark_timeout,
-            weight_rule=LAG_FIRST,  # the most lagging topic's job first (plugins/cairn_priority.py)
+            weight_rule=LAG_FIRST,  # the most lagging topic's job first (cairn_airflow.priority)
         )
         report = verify(planned)
         summary = commit(planned, report)

@@ -11,7 +11,7 @@ topics files have errors (a topic that two patterns match among Kafka's topics i
 from __future__ import annotations
 
 from cairn.topics_file import TOPICS_FILE
-from cairn_dags import topics_loaded
+from cairn_airflow.dag_topics import topics_loaded
 
 _errors = topics_loaded().errors
 if _errors:

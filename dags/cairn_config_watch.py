@@ -1,8 +1,9 @@
 """`cairn_config_watch`: every five minutes, check the topics files and alert on a mistake.
 
-Its one task, `check` (`cairn_notifier.check_config`), fails while a topics file has a
-mistake, naming file, line, entry and field, and calls the configured notifier when the mistakes
-change. The Airflow UI shows the same mistakes as the import error of `cairn_config_check.py`.
+Its one task, `check` (`cairn_airflow.notifications.notifier.check_config`), fails while a
+topics file has a mistake, naming file, line, entry and field, and calls the configured
+notifier when the mistakes change. The Airflow UI shows the same mistakes as the import error
+of `cairn_config_check.py`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG, get_current_context, task
 
-from cairn_dags import DISCOVERY_SCHEDULE
-from cairn_notifier import check_config
+from cairn_airflow.dag_topics import DISCOVERY_SCHEDULE
+from cairn_airflow.notifications.notifier import check_config
 
 with DAG(
     dag_id="cairn_config_watch",

@@ -15,9 +15,14 @@ from datetime import datetime
 from airflow.sdk import DAG, Variable, task
 
 from cairn.kafka import cluster
-from cairn_connections import kafka_conf
-from cairn_dags import DISCOVERY_DELAY, DISCOVERY_SCHEDULE, TOPICS_VARIABLE, pattern_topics
-from cairn_failures import fail_fast
+from cairn_airflow.dag_topics import (
+    DISCOVERY_DELAY,
+    DISCOVERY_SCHEDULE,
+    TOPICS_VARIABLE,
+    pattern_topics,
+)
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.connections import kafka_conf
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.pipeline import completeness, rebuild
 from cairn.protocol import tokens
-from cairn_assets import announce_dates, topic_asset
-from cairn_connections import storage
-from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
-from cairn_failures import fail_fast
-from cairn_spark_operator import CairnSparkOperator
+from cairn_airflow.assets import announce_dates, topic_asset
+from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.connections import storage
+from cairn_airflow.operators.spark import CairnSparkOperator
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,8 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
         spark = CairnSparkOperator(
             task_id="rebuild",
             job="rebuild",
-            topic=topic,
+            cfg=cfg,
             payload=chosen,
-            execution_timeout=cfg.spark_timeout,
         )
         done = commit(chosen)
         spark >> done

@@ -10,7 +10,6 @@ a date now (asset-scheduled DAGs have no backfill).
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import date, datetime
 
@@ -20,12 +19,12 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.errors import PermanentError
 from cairn.table.catalog import SEALS_AT_ONCE
-from cairn_assets import topic_asset
-from cairn_catalog import catalog
-from cairn_connections import storage
-from cairn_dags import misconfigured_run_dags, topic_doc, topics_to_build
-from cairn_failures import fail_fast
-from cairn_spark_operator import CairnSparkOperator
+from cairn_airflow.assets import topic_asset
+from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.catalog import catalog
+from cairn_airflow.hooks.connections import storage
+from cairn_airflow.operators.spark import CairnSparkOperator
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +42,6 @@ def run_date(context: dict) -> date:
         return date.fromisoformat(given)
     except ValueError:
         raise NoDate(f"date {given!r} is not YYYY-MM-DD") from None
-
-
-def table_env() -> dict[str, str]:
-    """What the seal job needs to write the table's files (the catalog's S3 access)."""
-    from cairn.table import iceberg  # pyarrow and pyiceberg: only where a task needs them
-
-    found = catalog()
-    return {"CAIRN_TABLE_OPTIONS": json.dumps(iceberg.storage_options(found) if found else {})}
 
 
 def seal_dag(cfg: TopicConfig) -> DAG:
@@ -106,10 +97,8 @@ def seal_dag(cfg: TopicConfig) -> DAG:
         spark = CairnSparkOperator(
             task_id="seal",
             job="seal",
-            topic=topic,
+            cfg=cfg,
             payload=chosen,
-            execution_timeout=cfg.spark_timeout,
-            extra_env=table_env,
         )
         spark >> commit(chosen)
     return dag

@@ -2,53 +2,36 @@
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
 in offset order (committed records only); the JVM encodes each record's backup datum and, where
-`cairn.formats.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those hand
-them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and quarantine
-files in the attempt's staging area (the Python parser takes the values the JVM did not); the driver
-gathers what was written into the attempt manifest.
-
-    CAIRN_KAFKA_CONFIG='{"config": {"bootstrap.servers": "host:9092"}}' \\
-        spark-submit --jars <spark-sql-kafka jars> \\
-        spark_jobs/archive.py --topic <topic> --claim _claims/<topic>/archive/<seq>-<k>.json
-
-The plan arrives by reference (the claim object holds it), so its size is not limited by the
-command line. Secrets arrive as environment, never as arguments: the Kafka configuration
-(librdkafka settings, mapped to the Java client's by `cairn.kafka.connection`) in CAIRN_KAFKA_CONFIG
-(or only bootstrap servers in CAIRN_BOOTSTRAP_SERVERS), storage credentials (fsspec options,
-JSON) in CAIRN_STORAGE_OPTIONS, Schema Registry client configurations (avro topics) in
-CAIRN_SCHEMA_REGISTRIES. The Airflow task runs the same `run` on a Spark Connect session
-instead when its Spark connection is a `spark_connect` one (no JVM starts per run).
+`cairn.datafiles.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those
+hand them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and
+quarantine files in the attempt's staging area (the Python parser takes the values the JVM did
+not); the driver gathers what was written into the attempt manifest. `run` takes the job's
+`ArchiveInput` (`cairn.jobs`; `spark_jobs.main` is the entry point): the plan arrives by reference
+(the claim object holds it), the Kafka settings (mapped to the Java client's by
+`cairn.kafka.connection`) and storage options with the input, never as arguments.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import string
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
-from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 
 from cairn.config import TopicConfig
+from cairn.datafiles import fastpath
 from cairn.datafiles.writer import PartitionResult, write_partition
-from cairn.errors import permanent_exit
-from cairn.formats import fastpath, registries_from_env
-from cairn.jobs import job_args
+from cairn.jobs import ArchiveInput
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
-from cairn.pipeline.plan import kafka_assign_json, kafka_json_offsets
 from cairn.protocol import commit, manifest
-from cairn.storage.objects import Storage, options_from_env
-from cairn.topics_file import find_topic
-
-# This file's functions travel to the Python workers by value, so a Spark Connect server needs
-# only `cairn` importable, whatever name the file was imported under (spark-submit's __main__,
-# the Airflow task's loader, the tests' `spark_jobs.archive`).
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+from cairn.protocol.plan import kafka_assign_json, kafka_json_offsets
+from cairn.storage.objects import Storage
+from spark_jobs.executors import guarded, requirements, translated
 
 # Arrow batches handed to Python are capped in bytes as well as records, so a run of 5 MB
 # values does not hold thousands of them at once: memory is bounded by the batch, not the run.
@@ -73,7 +56,7 @@ FETCH_OPTIONS = {
 
 def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
     """The Kafka source's records with their datums encoded in the JVM
-    (`cairn.formats.fastpath`)."""
+    (`cairn.datafiles.fastpath`)."""
     nonce = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
     for projection in fastpath.select(cfg, nonce):
         source = source.selectExpr(*projection)
@@ -85,12 +68,20 @@ REFUSED = re.compile(r"\b(\w*(?:AuthenticationException|SSLHandshakeException): 
 
 
 def archive(
-    spark: SparkSession, planned: Planned, cfg: TopicConfig, kafka: KafkaConf, options: dict
+    spark: SparkSession,
+    planned: Planned,
+    cfg: TopicConfig,
+    kafka: KafkaConf,
+    options: dict[str, Any],
+    registries: dict[str, dict[str, Any]] | None = None,
+    artifact: str | None = None,
 ) -> manifest.Manifest:
     """Read the planned ranges, stage every record, and save the attempt manifest.
 
     Checks the claim first: a fenced-out attempt starts no Spark work. The processing time is
     the plan's, so a retried or duplicated job of the same attempt writes the same bytes.
+    `registries`: Schema Registry client configurations (avro topics); `artifact`: the code
+    artifact the executors must import Cairn from (`spark_jobs.executors`).
     """
     storage = Storage(cfg.root.storage_url, **options)
     commit.check_live(storage, planned.claim)
@@ -98,7 +89,7 @@ def archive(
         spark.conf.set(key, value)
     staged_url = planned.staged(storage).url
     processing_time, attempt_id = planned.planned_at, planned.attempt_id
-    registries = registries_from_env()  # Schema Registry client configs, for avro topics
+    registries = registries or {}
     starting, ending = kafka_json_offsets(planned.topic, planned.plan)
     source = (
         spark.read.format("kafka")
@@ -123,8 +114,11 @@ def archive(
         )
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 
+    wanted = requirements(artifact)
     try:
-        rows = encoded(source, cfg).mapInArrow(write, "result string").collect()
+        with translated():
+            rows = encoded(source, cfg).mapInArrow(guarded(write, wanted), "result string")
+            rows = rows.collect()
     except Exception as err:
         causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
         if not causes:
@@ -136,32 +130,12 @@ def archive(
     return save_attempt(cfg, storage, planned, results)
 
 
-def run(spark: SparkSession, argv: Sequence[str]) -> str:
-    """The job on a session, from its arguments and environment: what `main` does under
-    spark-submit, and what the Airflow task does on a Spark Connect session (the same arguments,
-    the secrets in the same variables). Returns a one-line summary."""
-    args = job_args(__doc__.splitlines()[0], argv)
-    cfg = find_topic(args.topic, args.topics_file)
-    options = options_from_env()
-    kafka = KafkaConf.from_env(os.environ)
-    if kafka is None:
-        raise SystemExit(
-            "no Kafka configuration: set CAIRN_KAFKA_CONFIG or CAIRN_BOOTSTRAP_SERVERS"
-        )
-    planned = load_planned(Storage(cfg.root.storage_url, **options), args.claim)
-    attempt = archive(spark, planned, cfg, kafka, options)
+def run(spark: SparkSession, job: ArchiveInput) -> str:
+    """The job on a session (`spark_jobs.main`). Returns a one-line summary."""
+    cfg = job.topic.topic()
+    planned = load_planned(Storage(cfg.root.storage_url, **job.storage_options), job.claim)
+    attempt = archive(
+        spark, planned, cfg, job.kafka_conf(), job.storage_options, job.registries, job.artifact
+    )
     read = sum(attempt.records_read.values())
     return f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}"
-
-
-def main() -> None:
-    args = job_args(__doc__.splitlines()[0])
-    spark = SparkSession.builder.appName(f"cairn-archive-{args.topic}").getOrCreate()
-    with permanent_exit():
-        summary = run(spark, sys.argv[1:])
-    spark.stop()
-    print(summary)
-
-
-if __name__ == "__main__":
-    main()

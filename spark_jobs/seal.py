@@ -5,27 +5,20 @@ quarantine) becomes one Spark task that merges the folder's files into sealed fi
 seal's staging area and writes its parsed records to the table's Parquet files
 (`cairn.pipeline.seal.seal_folder`); the driver saves what each task wrote in the attempt's
 manifest. It commits nothing: the seal DAG's `commit` task does (`cairn.pipeline.seal.finish_seal`).
-
-    spark-submit spark_jobs/seal.py --topic T --claim _claims/<topic>/seal/<seq>-<k>.json
-
-The selection arrives by reference (the claim object). Storage credentials (fsspec options,
-JSON) come from CAIRN_STORAGE_OPTIONS, the table's (its warehouse's) from CAIRN_TABLE_OPTIONS.
+`run` takes the job's `SealInput` (`cairn.jobs`); the selection arrives by reference (the claim
+object), with the storage and table options in the input.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
-from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from cairn.config import TopicConfig
-from cairn.errors import permanent_exit
-from cairn.jobs import job_args
+from cairn.jobs import SealInput
 from cairn.pipeline.seal import (
     FolderResult,
     Selection,
@@ -35,20 +28,20 @@ from cairn.pipeline.seal import (
     seal_folder,
 )
 from cairn.protocol import commit
-from cairn.storage.objects import Storage, options_from_env
-from cairn.topics_file import find_topic
-
-# This file's functions travel to the Python workers by value (see spark_jobs/archive.py).
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-TABLE_OPTIONS = "CAIRN_TABLE_OPTIONS"
-"""fsspec options that reach the table's location (its warehouse), JSON."""
+from cairn.storage.objects import Storage
+from spark_jobs.executors import guarded, requirements, translated
 
 
 def seal(
-    spark: SparkSession, chosen: Selection, cfg: TopicConfig, options: dict, table_options: dict
+    spark: SparkSession,
+    chosen: Selection,
+    cfg: TopicConfig,
+    options: dict[str, Any],
+    table_options: dict[str, Any],
+    artifact: str | None = None,
 ) -> str:
-    """Merge every folder of the chosen date; return the attempt manifest's key."""
+    """Merge every folder of the chosen date; return the attempt manifest's key. `artifact`:
+    the code artifact the executors must import Cairn from (`spark_jobs.executors`)."""
     storage = Storage(cfg.root.storage_url, **options)
     commit.check_live(storage, chosen.claim)
     url, staged_url = storage.url, commit.staged(storage, chosen.claim).url
@@ -71,8 +64,11 @@ def seal(
 
     # One task per folder; DataFrames, not RDDs, so it also runs on Spark Connect.
     n = len(chosen.folders)
+    tasks = spark.range(0, n, 1, max(1, n))
     try:
-        rows = spark.range(0, n, 1, max(1, n)).mapInArrow(one, "result string").collect()
+        with translated():
+            rows = tasks.mapInArrow(guarded(one, requirements(artifact)), "result string")
+            rows = rows.collect()
     except Exception:
         check_inputs(storage, chosen)  # an input another commit removed: final, not a retry
         raise
@@ -80,25 +76,10 @@ def seal(
     return save_attempt(storage, chosen, results)
 
 
-def run(spark: SparkSession, argv: Sequence[str]) -> str:
-    """The job on a session (what `main` does under spark-submit, and the Airflow task on a
-    Spark Connect session). Returns a one-line summary."""
-    args = job_args(__doc__.splitlines()[0], argv)
-    cfg = find_topic(args.topic, args.topics_file)
-    options = options_from_env()
-    chosen = load_selection(Storage(cfg.root.storage_url, **options), args.claim)
-    key = seal(spark, chosen, cfg, options, json.loads(os.environ.get(TABLE_OPTIONS) or "{}"))
+def run(spark: SparkSession, job: SealInput) -> str:
+    """The job on a session (`spark_jobs.main`). Returns a one-line summary."""
+    cfg = job.topic.topic()
+    options = job.storage_options
+    chosen = load_selection(Storage(cfg.root.storage_url, **options), job.claim)
+    key = seal(spark, chosen, cfg, options, job.table_options, job.artifact)
     return f"sealed {cfg.topic} {chosen.date} ({len(chosen.folders)} folders); manifest {key}"
-
-
-def main() -> None:
-    args = job_args(__doc__.splitlines()[0])
-    spark = SparkSession.builder.appName(f"cairn-seal-{args.topic}").getOrCreate()
-    with permanent_exit():
-        summary = run(spark, sys.argv[1:])
-    spark.stop()
-    print(summary)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,7 @@
 """Test harness: real Kafka (KRaft), SeaweedFS (S3), PostgreSQL and Spark (local mode, and a
-Spark Connect server), started once per test run on free loopback ports with all state in a
-temporary folder, and stopped afterwards.
+Spark Connect server), and Airflow in the stack's distributed shape (Celery workers with Redis,
+a Spark standalone cluster with its own Spark Connect server), started once per test run on
+free loopback ports with all state in a temporary folder, and stopped afterwards.
 
 Tests under tests/integration/ are marked `integration` automatically; `pytest -m "not
 integration"` runs only the fast unit tests.
@@ -8,6 +9,7 @@ integration"` runs only the fast unit tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn_stack import services
+from cairn_stack import cluster, services
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.process import free_port_block
 from cairn_stack.settings import REPO, StackSettings
@@ -33,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
     """Settings for a private stack: free ports, state under a temporary folder."""
-    *ports, connect = free_port_block(14, step=2)
+    *ports, connect = free_port_block(15, step=2)
     (
         kafka,
         s3,
@@ -49,7 +51,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         sasl,
         *more,
     ) = ports
-    (metrics,) = more
+    metrics, redis = more
     return StackSettings(
         state_dir=tmp_path_factory.mktemp("stack"),
         kafka_port=kafka,
@@ -68,6 +70,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         postgres_port=pg,
         spark_connect_port=connect,
         spark_master="local[2]",
+        redis_port=redis,
     )
 
 
@@ -140,24 +143,11 @@ def spark_connect(stack_settings: StackSettings) -> Iterator[str]:
 def connected(spark_connect: str):
     """A session on the Spark Connect server held as a run holds it (the server's shared Cairn
     session), let go afterwards."""
-    from cairn_connect import connect_session
+    from cairn_airflow.hooks.spark_connect import connect_session
+    from cairn_airflow.spark_artifact import code_artifact
 
-    with connect_session(spark_connect) as connected:
+    with connect_session(spark_connect, code_artifact()) as connected:
         yield connected.session
-
-
-@pytest.fixture(scope="session")
-def spark_cluster(stack_settings: StackSettings) -> Iterator[str]:
-    """A running Spark standalone master with one worker; yields the master URL."""
-    started = []
-    try:
-        for service in services.spark_cluster(stack_settings):
-            service.start(stack_settings.start_timeout)
-            started.append(service)
-        yield f"spark://{stack_settings.host}:{stack_settings.spark_cluster_port}"
-    finally:
-        for service in reversed(started):
-            service.stop()
 
 
 E2E_TOPIC = "e2e.orders"
@@ -169,6 +159,14 @@ E2E_WAREHOUSE = "s3://{bucket}/e2e-warehouse"
 E2E_COMPLETE = "e2e.complete"
 """Read 2 records per partition a run; tests/dags/cairn_downstream.py runs on its dates. Its
 records are days old: no time-lag alert for them."""
+E2E_CLUSTER = "e2e.cluster"
+E2E_SUBMIT = "e2e.submit"
+"""Archived, rebuilt and sealed on the stack's Spark cluster: through its Spark Connect server
+(the deployment's `cairn_spark`), and by spark-submit (`spark_connection: cairn_spark_submit`)."""
+E2E_WORKERS = "e2e.workers"
+"""Archived while a Spark worker or an Airflow worker is killed."""
+E2E_LOCAL_ROOT = "e2e.localroot"
+"""Its archive root is a local folder: refused on the cluster."""
 E2E_LAGGING = "e2e.lagging"
 E2E_QUIET = "e2e.quiet"
 """Both alert past 1s of time lag: the lagging one reads 5 records a run, the quiet one all;
@@ -203,6 +201,19 @@ topics:
     max_records_per_partition: 2
     lateness: 1h
     max_time_lag: 30d
+  - topic: {E2E_CLUSTER}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_time_lag: 30d
+  - topic: {E2E_SUBMIT}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_time_lag: 30d
+    spark_connection: {settings.spark_submit_conn_id}
+  - topic: {E2E_WORKERS}
+    event_time: {{field: ts, encoding: iso8601}}
+    max_time_lag: 30d
+  - topic: {E2E_LOCAL_ROOT}
+    event_time: {{field: ts, encoding: iso8601}}
+    archive_root: {(settings.state_dir / "local-root").as_uri()}
   - topic: {E2E_OVERVIEW}
     event_time: {{field: ts, encoding: iso8601}}
     max_quarantine_ratio: 0.5
@@ -217,35 +228,75 @@ def free_udp_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def airflow(
-    stack_settings: StackSettings,
-    kafka: str,
-    s3: dict,
-    postgres: StackSettings,
-    spark_connect: str,
-    tmp_path_factory,
-) -> Iterator[AirflowAPI]:
-    """Airflow 3 (api-server, scheduler, dag-processor, on the session's PostgreSQL) whose Spark
-    connection is the stack's: a `spark_connect` one to the Spark Connect server, archiving the
+def cluster_settings(stack_settings: StackSettings, tmp_path_factory) -> StackSettings:
+    """The stack's distributed shape, which Airflow runs in (`cairn_stack.cluster`): Celery
+    workers with Redis, a Spark standalone master and two workers whose executors run the
+    cluster's Python (nothing of Cairn), a Spark Connect server on that cluster, archiving the
     E2E topics (e2e_topics, the file e2e.yaml of its topics folder) to S3."""
     topics = tmp_path_factory.mktemp("airflow-topics") / "topics.d"
     topics.mkdir()
     (topics / "e2e.yaml").write_text(e2e_topics(stack_settings, fixed_field="sent_at"))
-    settings = stack_settings.model_copy(
+    (connect,) = free_port_block(1)
+    return stack_settings.model_copy(
         update={
+            "cluster": True,
+            "spark_connect_port": connect,  # the local Connect server keeps the other
             "topics_file": topics,
             "airflow_dags_paused": True,
             "extra_dag_folders": [ROOT / "dags"],  # the example downstream DAG
             "statsd_port": free_udp_port(),  # tests listen there (test_alerts)
             "catalog_warehouse": E2E_WAREHOUSE.format(bucket=stack_settings.bucket),
+            "task_heartbeat_timeout": 45,  # a killed worker's task is retried within a minute
         }
     )
-    started = []
+
+
+@contextlib.contextmanager
+def started(settings: StackSettings, them: list[services.Service]) -> Iterator[None]:
+    """`them` running for the block, stopped (in reverse) afterwards, whatever happened."""
+    running = []
     try:
-        for service in services.airflow(settings):
+        for service in them:
             service.start(settings.start_timeout)
-            started.append(service)
-        yield AirflowAPI(settings)
+            running.append(service)
+        yield
     finally:
-        for service in reversed(started):
+        for service in reversed(running):
             service.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(cluster_settings: StackSettings) -> Iterator[str]:
+    """The stack's Spark standalone cluster (a master, two workers whose executors run the
+    cluster's Python and cannot see the checkout) with its Spark Connect server; yields the
+    server's URL."""
+    settings = cluster_settings
+    with started(settings, [*cluster.spark_cluster(settings), services.spark_connect(settings)]):
+        yield settings.spark_connect_url
+
+
+@pytest.fixture
+def on_the_cluster(spark_cluster: str):
+    """A session on the cluster's Spark Connect server, held as a run holds it (its code version's
+    session, the code artifact added), let go afterwards."""
+    from cairn_airflow.hooks.spark_connect import connect_session
+    from cairn_airflow.spark_artifact import code_artifact
+
+    with connect_session(spark_cluster, code_artifact()) as connected:
+        yield connected.session
+
+
+@pytest.fixture(scope="session")
+def airflow(
+    cluster_settings: StackSettings,
+    kafka: str,
+    s3: dict,
+    postgres: StackSettings,
+    spark_cluster: str,
+) -> Iterator[AirflowAPI]:
+    """Airflow 3 (api-server, scheduler, dag-processor and two Celery workers, on the session's
+    PostgreSQL and Redis) whose Spark connections reach the stack's Spark standalone cluster:
+    `cairn_spark` through its Spark Connect server, `cairn_spark_submit` by spark-submit."""
+    settings = cluster_settings
+    with started(settings, [cluster.redis(settings), *services.airflow(settings)]):
+        yield AirflowAPI(settings)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 from datetime import date, timedelta, tzinfo
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,9 +29,8 @@ from pydantic import (
 )
 
 from cairn.dag_ids import check_dag_topic
-from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
-from cairn.formats.base import EventTime, FieldError
+from cairn.formats.base import EventTime, FieldError, load_schema
 from cairn.schedule import spread
 from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, date_folder
 
@@ -177,12 +175,15 @@ class TopicConfig(BaseModel):
     max_run_duration: timedelta = timedelta(hours=1)
     """Report a run still unfinished this long after it was queued (an Airflow Deadline Alert)."""
     spark_timeout: timedelta = timedelta(minutes=30)
-    """Kill a Spark job attempt (archive, rebuild) running longer, at least 1m; it is retried
-    afresh. Safe at any moment: an attempt writes only its own staging until it commits."""
+    """Kill a Spark job attempt (archive, rebuild, seal) running longer, at least 1m; it is
+    retried afresh. Safe at any moment: an attempt writes only its own staging until it commits."""
     attempt_timeout: timedelta = timedelta(days=1)
     """The longest an attempt (an archive run, a rebuild, a seal) may take from its plan to its
     commit, retries and waits for a Spark slot included; one that takes longer is refused at its
     commit, and what it left is removed by the next runs. Longer than spark_timeout."""
+    spark_connection: str | None = None
+    """The Airflow connection of the Spark that runs this topic's jobs (spark_connect or spark);
+    null: the deployment's, CAIRN_SPARK_CONN_ID (cairn_spark)."""
     lateness: timedelta | None = timedelta(hours=1)
     """How long after a date ends (Kafka time) its records may still arrive; then the date is
     complete (_SUCCESS, the asset event cairn.<topic>). null: no completeness."""
@@ -205,6 +206,9 @@ class TopicConfig(BaseModel):
     # Where the entry is written (set by `cairn.topics_file`), so errors can point at it.
     _file: str = PrivateAttr(default="")
     _line: int | None = PrivateAttr(default=None)
+    # The files the entry names, when it travelled to a Spark job (`TopicSnapshot`): then they
+    # are read from here, never from the disk of a machine that has no topics file.
+    _files: dict[str, str] | None = PrivateAttr(default=None)
 
     @field_validator("topic")
     @classmethod
@@ -306,6 +310,8 @@ class TopicConfig(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, value: str) -> str:
+        from croniter import croniter  # only where entries are read, not on Spark's executors
+
         if value in SCHEDULE_PRESETS:
             return value
         if len(value.split()) != 5 or not croniter.is_valid(value):
@@ -372,6 +378,14 @@ class TopicConfig(BaseModel):
         return self.schedule
 
     @property
+    def topic_name(self) -> str:
+        """The topic of an entry resolved to one (`topics_file` resolves patterns before anything
+        runs); a ValueError for a pattern's entry, which names no topic."""
+        if self.topic is None:
+            raise ValueError(f"{self.label}: resolve the pattern to a topic first")
+        return self.topic
+
+    @property
     def label(self) -> str:
         """How errors and logs refer to this entry."""
         return f"topic {self.topic!r}" if self.topic else f"pattern {self.pattern!r}"
@@ -411,10 +425,67 @@ class TopicConfig(BaseModel):
     @cached_property
     def user_schema(self) -> dict[str, Any] | None:
         """The topic's Avro record schema, read once (None for raw topics)."""
-        return None if self.schema_path is None else load_schema(self.schema_path)
+        if self.schema_file is None or self.schema_path is None:
+            return None
+        return load_schema(self.schema_path, self._read(self.schema_file))
+
+    def read_file(self, relative: str) -> bytes:
+        """A file the entry names (relative to the topics file): from the snapshot the entry
+        travelled with, else from disk."""
+        found = self._read(relative)
+        return (self._base_dir / relative).read_bytes() if found is None else found
+
+    def file_names(self, folder: str, pattern: str) -> list[str]:
+        """The files in `folder` (relative to the topics file) that match the glob `pattern`
+        (`*/*.avsc`), relative to the topics file, sorted."""
+        if self._files is not None:
+            below = [name for name in self._files if name.startswith(f"{folder.rstrip('/')}/")]
+            return sorted(n for n in below if PurePosixPath(n).match(f"{folder}/{pattern}"))
+        base = self._base_dir
+        return sorted(p.relative_to(base).as_posix() for p in (base / folder).glob(pattern))
+
+    def _read(self, relative: str) -> bytes | None:
+        """The snapshot's copy of a file the entry names; None when the entry was read from a
+        topics file (read the disk)."""
+        if self._files is None:
+            return None
+        if relative not in self._files:
+            raise FileNotFoundError(f"{self.label}: {relative} did not travel with the entry")
+        return self._files[relative].encode()
+
+    def snapshot(self) -> TopicSnapshot:
+        """The entry as it travels to a Spark job: its settings and the files it names."""
+        names = [self.schema_file] if self.schema_file else []
+        names += FORMATS[self.format].files(self)
+        return TopicSnapshot(
+            entry=self.model_dump(mode="json", exclude_none=True),
+            files={name: self.read_file(name).decode() for name in names},
+            written_at=self.written_at,
+        )
 
     def matches(self, topic: str) -> bool:
         """Whether this entry covers `topic`; patterns never match internal `__` topics."""
         if self.topic is not None:
             return topic == self.topic
         return not topic.startswith("__") and re.fullmatch(self.pattern or "", topic) is not None
+
+
+class TopicSnapshot(BaseModel):
+    """A topic's entry as a Spark job gets it (`TopicConfig.snapshot`): the entry with its
+    defaults merged in and the files it names (schemas), so the job's driver and executors read
+    nothing from the disk of the machine that holds the topics file."""
+
+    model_config = ConfigDict(frozen=True)
+
+    entry: dict[str, Any]
+    files: dict[str, str]
+    """The named files' text, by the path the entry gives (relative to its topics file)."""
+    written_at: str
+    """Where the entry is written, for errors."""
+
+    def topic(self) -> TopicConfig:
+        """The entry again, its files read from this snapshot."""
+        cfg = TopicConfig.model_validate(self.entry)
+        cfg._files, cfg._file = dict(self.files), self.written_at
+        FORMATS[cfg.format].check(cfg)
+        return cfg

@@ -3,7 +3,7 @@
 A retention gap, a fenced-out attempt, a failed verification, a recreated or missing topic, or a
 reversed date range fail the same way however often they are retried, and every retry delays
 the person who has to act. Airflow tasks turn these into failures without retries
-(`cairn_failures.fail_fast`); anything else (a broker or S3 hiccup) is retried as usual.
+(`cairn_airflow.failures.fail_fast`); anything else (a broker or S3 hiccup) is retried as usual.
 """
 
 from __future__ import annotations

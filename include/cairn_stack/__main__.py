@@ -1,5 +1,10 @@
 """`python -m cairn_stack up | down | status | demo | sql … | airflow …` — the local stack.
 
+`CAIRN_CLUSTER=1` (`make up CLUSTER=1`) starts its distributed shape (`cairn_stack.cluster`):
+Airflow's CeleryExecutor with Redis and two workers, and a Spark standalone cluster with two
+workers that the Spark Connect server and spark-submitted jobs run on. `down` and `status` cover
+both shapes.
+
 `airflow …` runs the Airflow CLI against the stack (its home, database and connections), e.g.
 `python -m cairn_stack airflow backfill create --dag-id … --from-date … --to-date …`.
 `sql "SELECT …"` runs Spark SQL on the stack's Spark Connect server with its Iceberg catalog
@@ -9,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -17,7 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cairn_stack import demo, services, sql
+from cairn.kafka.connection import LIBRDKAFKA_LOG
+from cairn_stack import cluster, demo, services, sql
 from cairn_stack.process import StackError
 from cairn_stack.settings import StackSettings
 
@@ -44,16 +51,23 @@ def up(settings: StackSettings) -> None:
         f"{settings.kafka_sasl_port}, SCRAM-SHA-512 user {settings.kafka_sasl_user}, "
         f"CA {settings.kafka_ca_file})\n"
         f"S3         {settings.s3_endpoint}  bucket {settings.bucket}\n"
-        f"Spark      {settings.spark_connect_url}  (Spark Connect on {settings.spark_master})\n"
+        f"Spark      {settings.spark_connect_url}  (Spark Connect on "
+        f"{cluster.spark_master_url(settings)})\n"
         f"Iceberg    catalog {settings.catalog_name}: {settings.catalog_jdbc_url}  login "
         f"{settings.catalog_user} / {settings.catalog_password}\n"
         f"Airflow UI {settings.airflow_url}  login {settings.airflow_user} / "
         f"{settings.airflow_password}"
+        + (
+            f"  (CeleryExecutor, {settings.celery_workers} workers, Redis {settings.redis_url}; "
+            f"Spark cluster UI http://{settings.host}:{settings.spark_cluster_ui_port})"
+            if settings.cluster
+            else ""
+        )
     )
 
 
 def down(settings: StackSettings) -> None:
-    for service in reversed(services.all_services(settings)):
+    for service in reversed(services.every_service(settings)):
         if service.stop():
             console.print(f"stopped {service.name}")
 
@@ -62,8 +76,11 @@ def status(settings: StackSettings) -> int:
     """Print each service's state; exit 1 unless all are healthy."""
     table = Table("service", "state", "pid", "log")
     all_healthy = True
-    for service in services.all_services(settings):
+    shape = {service.name for service in services.all_services(settings)}
+    for service in services.every_service(settings):
         pid = service.pid()
+        if pid is None and service.name not in shape:
+            continue  # the other shape's, not running
         healthy = pid is not None and service.healthy()
         all_healthy &= healthy
         state = "healthy" if healthy else ("unhealthy" if pid else "stopped")
@@ -73,6 +90,9 @@ def status(settings: StackSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # librdkafka's retries while Kafka warms up (e.g. "Coordinator load in progress") are
+    # handled: only its errors are worth a line here.
+    LIBRDKAFKA_LOG.setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(prog="python -m cairn_stack", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status", "demo", "sql", "airflow"])
     parser.add_argument(

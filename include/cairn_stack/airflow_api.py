@@ -34,7 +34,7 @@ class AirflowAPI:
             | ({"Authorization": f"Bearer {self._token}"} if self._token else {}),
         )
         try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
+            with urllib.request.urlopen(request, timeout=90) as reply:
                 text = reply.read()
                 return json.loads(text) if text else None  # DELETE answers 204, no body
         except urllib.error.HTTPError as err:
@@ -130,9 +130,9 @@ class AirflowAPI:
         )
         return json.dumps(self.call("GET", path)["content"])
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         path = (
             f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}"
-            f"/taskInstances/{task_id}/xcomEntries/return_value"
+            f"/taskInstances/{task_id}/xcomEntries/{key}"
         )
         return self.call("GET", path)["value"]

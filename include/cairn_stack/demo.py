@@ -18,6 +18,7 @@ from rich.table import Table
 
 from cairn import dag_ids
 from cairn.config import TopicConfig
+from cairn.kafka.connection import LIBRDKAFKA_LOG
 from cairn.pipeline.proof import read_proof
 from cairn.protocol import commit
 from cairn.storage.layout import kind_folder
@@ -36,7 +37,7 @@ DEMO_EVENTS = 5000
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     """Create `topic` unless it exists (then its partition count is left as it is)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOG})
     if topic in admin.list_topics(timeout=10).topics:
         return
     future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
@@ -84,6 +85,7 @@ def produce(
             "compression.type": "lz4",
             "enable.idempotence": True,
             "message.max.bytes": 16 * 1024 * 1024,
+            "logger": LIBRDKAFKA_LOG,
         }
     )
     errors: list[str] = []

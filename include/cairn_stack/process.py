@@ -38,6 +38,12 @@ class Service:
         return self.state_dir / "logs" / f"{self.name}.log"
 
     @property
+    def workdir(self) -> Path:
+        """Its working folder: what it writes relative to it (Spark Connect's session artifacts,
+        a Spark driver's warehouse) stays in the state folder, out of the checkout."""
+        return self.state_dir / "work" / self.name
+
+    @property
     def pidfile(self) -> Path:
         return self.state_dir / "pids" / f"{self.name}.pid"
 
@@ -70,8 +76,8 @@ class Service:
                 )
         if self.prepare is not None:
             self.prepare()
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (self.log.parent, self.pidfile.parent, self.workdir):
+            folder.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             try:
                 proc = subprocess.Popen(
@@ -80,6 +86,7 @@ class Service:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env={**os.environ, **self.env},
+                    cwd=self.workdir,
                     start_new_session=True,
                 )
             except FileNotFoundError as err:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cairn.storage import s3_access
 from cairn.table import catalog
-from cairn_stack import certs
+from cairn_stack import certs, cluster
 from cairn_stack.process import Service, StackError, port_open
 from cairn_stack.settings import REPO, StackSettings
 
@@ -288,7 +288,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
     secret_file = home / "jwt_secret"
     if not secret_file.exists():
         secret_file.write_text(secrets.token_urlsafe(32))
-    # The static bearer token Prometheus scrapes /cairn/metrics with (plugins/cairn_overview.py).
+    # The static bearer token Prometheus scrapes /cairn/metrics with (cairn_airflow.pages).
     metrics_token = home / "metrics_token"
     if not metrics_token.exists():
         metrics_token.write_text(secrets.token_urlsafe(32))
@@ -309,15 +309,19 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         },
     }
     # The Apache Spark provider's `spark_connect` type: runs use the stack's Spark Connect
-    # server. A `spark` connection (host: a master URL) spark-submits each run instead.
-    spark_conn: dict = {
+    # server. A `spark` connection (host: a master URL) spark-submits each run instead; on the
+    # cluster its extra names the executors' Python and the jobs' share of the cluster.
+    connect_conn: dict = {
         "conn_type": "spark_connect",
         "host": f"sc://{settings.host}",
         "port": settings.spark_connect_port,
     }
-    if settings.spark_conn_type == "spark":
-        spark_conn = {"conn_type": "spark", "host": settings.spark_master}
-    # The Iceberg catalog of the topics' tables (plugins/cairn_catalog.py): JDBC, in PostgreSQL.
+    submit_conn: dict = {"conn_type": "spark", "host": cluster.spark_master_url(settings)}
+    if settings.cluster:
+        cores = {"spark.cores.max": str(settings.spark_submit_cores)}
+        submit_conn["extra"] = {"cairn": {"python": str(settings.cluster_python), "conf": cores}}
+    spark_conn = submit_conn if settings.spark_conn_type == "spark" else connect_conn
+    # The Iceberg catalog of the topics' tables (cairn_airflow.hooks.catalog): JDBC, in PostgreSQL.
     stack_catalog = iceberg_catalog(settings, settings.catalog_warehouse)
     catalog_conn = {
         "conn_type": "generic",
@@ -329,6 +333,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         settings.kafka_conn_id: kafka_conn,
         settings.s3_conn_id: s3_conn,
         settings.spark_conn_id: spark_conn,
+        settings.spark_submit_conn_id: submit_conn,
         "cairn_catalog": catalog_conn,
     }
     env = {
@@ -362,6 +367,8 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
             for i, folder in enumerate(settings.extra_dag_folders)
         ]
         env["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(bundles)
+    if settings.cluster:
+        env.update(cluster.celery_env(settings))
     env["CAIRN_NOTIFIER"] = settings.notifier
     env["CAIRN_ALERTS_FILE"] = str(settings.alerts_file)
     if settings.statsd_port is not None:
@@ -502,8 +509,9 @@ POOL_DOC = "Cairn's Spark jobs (archive and rebuild): one slot each"
 
 
 def airflow(settings: StackSettings) -> list[Service]:
-    """Api-server, scheduler and dag-processor, once `postgres` runs; the api-server's start
-    migrates the metadata database and sets the Spark pool's slots."""
+    """Api-server, scheduler and dag-processor, once `postgres` runs (and Celery workers in the
+    distributed shape); the api-server's start migrates the metadata database and sets the
+    Spark pool's slots."""
     env = airflow_env(settings)
     exe = str(Path(sys.executable).parent / "airflow")
 
@@ -544,11 +552,12 @@ def airflow(settings: StackSettings) -> list[Service]:
     # No log server: Airflow's binds every interface, and the api-server on this machine reads
     # the task logs from the shared log folder anyway.
     scheduler = ["scheduler", "--skip-serve-logs"]
-    return [
+    found = [
         service("airflow-api-server", api, [settings.airflow_port], "metadatabase"),
         service("airflow-scheduler", scheduler, [settings.airflow_health_port], "scheduler"),
         service("airflow-dag-processor", ["dag-processor"], [], "dag_processor"),
     ]
+    return [*found, *cluster.celery_workers(settings, env)] if settings.cluster else found
 
 
 def _airflow_health(settings: StackSettings, component: str) -> bool:
@@ -563,8 +572,8 @@ def _airflow_health(settings: StackSettings, component: str) -> bool:
 
 SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SESSION_TIMEOUT = "7d"
-"""How long the server keeps an idle session: runs share one (`plugins/cairn_connect.py`), and
-a closed one is refused until the server restarts, so Spark's 60 minutes would send every run
+"""How long the server keeps an idle session: runs share one (`cairn_airflow.hooks.spark_connect`),
+and a closed one is refused until the server restarts, so Spark's 60 minutes would send every run
 to a session of its own after a quiet hour."""
 SERVER_JVM = {
     "spark.driver.memory": "2g",
@@ -574,17 +583,27 @@ SERVER_JVM = {
 """The long-lived server's JVMs: the throughput collector and room to collect less often, as
 the archive's JVM work allocates gigabytes a second of short-lived objects (on `local`
 masters its tasks run in the driver; on a cluster, in the executors)."""
-PYTHON_DAEMON = {"spark.python.daemon.module": "cairn_pyspark_daemon"}
+PYTHON_DAEMON = {"spark.python.daemon.module": "cairn_stack.pyspark_daemon"}
 """The server's Python worker daemon: PySpark's, without re-reading the unchanged zip archives on
-the workers' path as each task starts (`include/cairn_pyspark_daemon.py`)."""
+the workers' path as each task starts (`cairn_stack.pyspark_daemon`)."""
+
+
+def connect_name(settings: StackSettings) -> str:
+    """Each shape's Connect server has its own name, so its own pid file and log: one shape's
+    server running is never taken for the other's (the test suite runs both at once)."""
+    return "spark-connect-cluster" if settings.cluster else "spark-connect"
 
 
 def spark_connect(settings: StackSettings) -> Service:
-    """A Spark Connect server on `host`: one long-lived Spark driver (`spark_master`, local by
-    default) that archive and rebuild runs use through Airflow's `spark_connect` connection, so
-    a run starts no JVM. Its Python workers run this venv's Python with `include/` importable
-    (the jobs' `cairn` code runs there) and it has the Kafka connector on its classpath. Nothing
-    secret is on its command line or in its environment: each run's session brings its own."""
+    """A Spark Connect server on `host`: one long-lived Spark driver that archive, rebuild and
+    seal runs use through Airflow's `spark_connect` connection, so a run starts no JVM; it has
+    the Kafka connector on its classpath, and each run's session brings Cairn's code (its
+    artifact) and its secrets, so none is on its command line or in its environment.
+
+    Locally its jobs run on `spark_master` (local by default) and its Python workers run this
+    venv's Python, with Cairn's worker daemon. In the distributed shape they run on the stack's
+    standalone cluster (`cairn_stack.cluster`), on the cluster's Python, and the server, like
+    the cluster's daemons, cannot see this repository's code."""
     host, port = settings.host, settings.spark_connect_port
     connector = str(settings.jars_dir / "spark" / "*.jar")  # spark-submit expands the glob
     conf = {
@@ -596,15 +615,20 @@ def spark_connect(settings: StackSettings) -> Service:
         "spark.ui.showConsoleProgress": "false",
         "spark.connect.session.manager.defaultSessionTimeout": SESSION_TIMEOUT,
         **SERVER_JVM,
-        **PYTHON_DAEMON,
     }
-    python = sys.executable
+    python, prefix = sys.executable, []
+    if settings.cluster:
+        python, prefix = str(settings.cluster_python), cluster.hidden(settings)
+        conf["spark.cores.max"] = str(settings.spark_connect_cores)
+    else:
+        conf.update(PYTHON_DAEMON)
     return Service(
-        "spark-connect",
+        connect_name(settings),
         [
-            str(Path(python).parent / "spark-submit"),
+            *prefix,
+            str(Path(sys.executable).parent / "spark-submit"),
             *["--class", SPARK_CONNECT_SERVER, "--name", "cairn-spark-connect"],
-            *["--master", settings.spark_master, "--jars", connector],
+            *["--master", cluster.spark_master_url(settings), "--jars", connector],
             *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")],
         ],
         settings.state_dir,
@@ -612,8 +636,8 @@ def spark_connect(settings: StackSettings) -> Service:
         lambda: port_open(port, host),
         env={
             "SPARK_LOCAL_IP": host,
+            "SPARK_HOME": cluster.spark_home(),
             "PYSPARK_PYTHON": python,
-            "PYTHONPATH": str(REPO / "include"),
             "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
         prepare=lambda: _spark_ready_to_start(settings),
@@ -626,71 +650,24 @@ def _spark_ready_to_start(settings: StackSettings) -> None:
     jars(settings, "spark")
 
 
-def spark_cluster(settings: StackSettings) -> list[Service]:
-    """A Spark standalone master and one worker on loopback, from pyspark's own scripts."""
-    state = settings.state_dir / "spark"
-    bin_dir = Path(sys.executable).parent
-    host, port = settings.host, settings.spark_cluster_port
-    env = {
-        "SPARK_LOCAL_IP": host,
-        "SPARK_WORKER_DIR": str(state / "work"),
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    master = Service(
-        "spark-master",
-        [
-            str(bin_dir / "spark-class"),
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--webui-port",
-            str(settings.spark_cluster_ui_port),
-        ],
-        settings.state_dir,
-        [port, settings.spark_cluster_ui_port],
-        lambda: port_open(port),
-        env=env,
-    )
-    worker = Service(
-        "spark-worker",
-        [
-            str(bin_dir / "spark-class"),
-            "org.apache.spark.deploy.worker.Worker",
-            "--host",
-            host,
-            "--webui-port",
-            str(settings.spark_worker_ui_port),
-            "--cores",
-            "2",
-            "--memory",
-            "4g",
-            f"spark://{host}:{port}",
-        ],
-        settings.state_dir,
-        [settings.spark_worker_ui_port],
-        lambda: _spark_workers_alive(settings) > 0,
-        env=env,
-    )
-    return [master, worker]
-
-
-def _spark_workers_alive(settings: StackSettings) -> int:
-    url = f"http://{settings.host}:{settings.spark_cluster_ui_port}/json/"
-    try:
-        with urllib.request.urlopen(url, timeout=3) as reply:
-            return int(json.load(reply).get("aliveworkers", 0))
-    except (OSError, ValueError):
-        return 0
-
-
 def all_services(settings: StackSettings) -> list[Service]:
-    """In start order; `down` stops them in reverse."""
+    """The settings' shape (local, or distributed with `cluster`), in start order."""
+    spark = [cluster.redis(settings), *cluster.spark_cluster(settings)] if settings.cluster else []
     return [
         kafka(settings),
         seaweedfs(settings),
         postgres(settings),
+        *spark,
         spark_connect(settings),
         *airflow(settings),
     ]
+
+
+def every_service(settings: StackSettings) -> list[Service]:
+    """Both shapes' services, each once, in start order: what `down` and `status` look at,
+    whichever shape `up` started."""
+    found: dict[str, Service] = {}
+    for shape in (settings.model_copy(update={"cluster": c}) for c in (True, False)):
+        for service in all_services(shape):
+            found.setdefault(service.name, service)
+    return list(found.values())

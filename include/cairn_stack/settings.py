@@ -63,6 +63,9 @@ class StackSettings(BaseSettings):
     kafka_conn_id: str = "cairn_kafka"
     s3_conn_id: str = "cairn_s3"
     spark_conn_id: str = "cairn_spark"
+    spark_submit_conn_id: str = "cairn_spark_submit"
+    """A `spark` connection beside `spark_conn_id`: spark-submit to the stack's master (the
+    cluster, in the distributed shape), for topics whose `spark_connection` names it."""
     spark_pool: str = "cairn_spark"
     """The Airflow pool Cairn's Spark tasks run in (Airflow gets it as `CAIRN_SPARK_POOL`)."""
     spark_pool_slots: int = 2
@@ -94,10 +97,36 @@ class StackSettings(BaseSettings):
     spark_connect_port: int = 15002
     """The long-lived Spark Connect server (`services.spark_connect`) that Airflow's Spark
     connection points at: archive and rebuild runs start no JVM of their own."""
+    cluster: bool = False
+    """The distributed shape (`make up CLUSTER=1`, `cairn_stack.cluster`): Airflow's
+    CeleryExecutor with `celery_workers` workers and Redis as its broker, task logs in S3, and a
+    Spark standalone cluster of `spark_workers` workers that runs the Spark Connect server's jobs
+    and the spark-submitted ones, its executors on `cluster_python`, which has nothing of Cairn."""
+    redis_port: int = 6379
+    """Redis (Debian's `redis-server`), the Celery broker of the distributed shape."""
+    celery_workers: int = 2
+    celery_concurrency: int = 2
+    """Task slots per Celery worker."""
     spark_cluster_port: int = 7077
     spark_cluster_ui_port: int = 8081
     spark_worker_ui_port: int = 8082
-    """A Spark standalone master and worker (`services.spark_cluster`), for scale-out tests."""
+    """The first worker's web UI; worker i takes this port + i."""
+    spark_workers: int = 2
+    spark_worker_cores: int = 4
+    """Task slots each worker offers (more than its share of the cores: an archive task waits on
+    Kafka part of its time, as `local_master` explains). Two workers' 8 slots hold the Spark
+    Connect server's share and two spark-submitted jobs at once (the Spark pool's 2 slots)."""
+    spark_worker_memory: str = "3g"
+    spark_connect_cores: int = 4
+    """The Spark Connect server's share of the cluster's slots (`spark.cores.max`); the rest is
+    left to spark-submitted jobs (`spark_submit_cores` each)."""
+    spark_submit_cores: int = 2
+    cluster_python: Path = REPO / ".cairn" / "cluster-python" / "bin" / "python"
+    """The Python of the cluster's executors: a virtualenv of requirements-cluster.txt only
+    (`make setup` builds it), nothing of Cairn, as on a cluster Cairn was never installed on."""
+    task_heartbeat_timeout: int = 300
+    """Seconds without a heartbeat after which the scheduler fails a task whose worker died
+    (`[scheduler] task_instance_heartbeat_timeout`), so its retry runs on another worker."""
     spark_master: str = Field(default_factory=local_master)
     """Where the Spark Connect server runs its jobs (`local_master`: two task slots per core);
     point it at a cluster to scale out."""
@@ -137,6 +166,14 @@ class StackSettings(BaseSettings):
             "sasl.password": self.kafka_sasl_password,
             "ssl.ca.location": str(self.kafka_ca_file),
         }
+
+    @property
+    def spark_cluster_url(self) -> str:
+        return f"spark://{self.host}:{self.spark_cluster_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
 
     @property
     def spark_connect_url(self) -> str:

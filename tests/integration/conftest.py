@@ -8,7 +8,7 @@ import json
 import textwrap
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -18,12 +18,11 @@ import pytest
 from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import archive_run, rebuild
+from cairn.pipeline import archive_run, rebuild, run_record
 from cairn.protocol import rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
-from cairn.views import status
 from cairn_stack import services
 from cairn_stack.settings import StackSettings
 from spark_jobs.archive import archive
@@ -64,6 +63,8 @@ class Archiver:
     kafka: KafkaConf | str
     """The Kafka configuration, or only a plaintext listener's bootstrap servers."""
     options: dict
+    registries: dict = field(default_factory=dict)
+    """Schema Registry client configurations, as the operator gives the job (avro topics)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.kafka, str):
@@ -81,9 +82,9 @@ class Archiver:
         """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
         archive_run.clean_run(self.storage(cfg), planned)
         if not planned.plan.empty:
-            archive(self.spark, planned, cfg, self.kafka, self.options)
+            archive(self.spark, planned, cfg, self.kafka, self.options, self.registries)
 
-    def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> status.RunRecord:
+    def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> run_record.RunRecord:
         report = archive_run.verify_run(self.storage(cfg), planned)
         return archive_run.commit_run(cfg, self.storage(cfg), planned, report, self.kafka)
 
@@ -98,7 +99,7 @@ class Archiver:
         """The rebuild DAG's select task and its Spark job, without its commit task."""
         chosen = rebuild.select(self.storage(cfg), cfg, days, f"test-{uuid.uuid4().hex[:6]}")
         if chosen is not None:
-            rebuild_job(self.spark, chosen, cfg, self.options)
+            rebuild_job(self.spark, chosen, cfg, self.options, self.registries)
         return chosen
 
     def commit_rebuild(self, cfg: TopicConfig, chosen: rebuild.Selection) -> tokens.Token:
@@ -109,7 +110,7 @@ class Archiver:
         state = cluster.fetch_topic(self.kafka, cfg.topic)
         return rewind.rewind(self.storage(cfg), cfg, state, **how)
 
-    def run(self, cfg: TopicConfig) -> status.RunRecord | None:
+    def run(self, cfg: TopicConfig) -> run_record.RunRecord | None:
         """One whole run; None when planning found nothing to do (no Spark, no token)."""
         planned = self.plan(cfg)
         if planned is None:

@@ -56,7 +56,7 @@ def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
     # and the published copies all carry it.
     bucket = stack_settings.bucket
     for key in storage.list():
-        head = storage.fs.call_s3("head_object", Bucket=bucket, Key=f"{E2E_PREFIX}/{key}")
+        head = storage.backend.fs.call_s3("head_object", Bucket=bucket, Key=f"{E2E_PREFIX}/{key}")
         assert head.get("ServerSideEncryption") == "AES256", key
 
     by_run = {t.run_id: t for t in committed}
@@ -77,7 +77,7 @@ def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
     assert re.search(r"wrote \d+ files for 120 records", spark_log), spark_log
     assert "spark-submit" not in spark_log.lower()
     # The Spark tasks ran in the pool the stack made; the run the first one triggered was
-    # weighted by the lag the first one recorded (plugins/cairn_priority.py). (Unpausing may
+    # weighted by the lag the first one recorded (cairn_airflow.priority). (Unpausing may
     # also schedule a run, created before any lag was recorded: it may take the second token.)
     pool = airflow.call("GET", f"/api/v2/pools/{stack_settings.spark_pool}")
     assert pool["slots"] == stack_settings.spark_pool_slots

@@ -20,7 +20,6 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.formats import REGISTRIES_VARIABLE
 from cairn.formats.avro import registry_config
 from cairn.topics_file import find_topic
 from cairn_stack.demo import create_topic, produce
@@ -188,9 +187,9 @@ def test_writer_schemas_from_a_registry_reach_the_spark_executors(
     ]
     produce(kafka, topic_name, values, partition=0)
     cfg = avro_topic(tmp_path, topic_name, "registry: cairn_schema_registry")
-    # What the operator puts in the job's environment (JSON, never argv), from the connection.
+    # What the operator puts in the job's input (never argv), from the connection.
     config = registry_config(registry_url, None, "key", "secret", {"max.retries": 0})
-    monkeypatch.setenv(REGISTRIES_VARIABLE, json.dumps({"cairn_schema_registry": config}))
+    archiver.registries = {"cairn_schema_registry": config}
 
     summary = archiver.run(cfg)
 

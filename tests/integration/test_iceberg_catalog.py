@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cairn.table import catalog
-from cairn_connect import connect_mark_kept, with_session_id
+from cairn_airflow.hooks.spark_connect import connect_mark_kept, with_session_id
 from cairn_stack import services
 from cairn_stack.settings import REPO
 from tests.integration.test_spark_connect import server_processes

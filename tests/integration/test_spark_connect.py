@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-import cairn_connect
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.protocol import commit
-from cairn_connect import (
+from cairn_airflow.hooks import spark_connect as connect_hook
+from cairn_airflow.hooks.spark_connect import (
     CONNECT_MODE,
     Connected,
     connect_mark_kept,
     connect_session,
     with_session_id,
 )
+from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.archive import ARROW_CONF
@@ -69,7 +70,7 @@ def test_archive_and_rebuild_run_on_the_servers_shared_session(
     # the server starts no daemon for it, and keeps the session's when the run lets go.
     daemons = python_daemons(stack_settings)
     assert daemons, "the runs' Python functions ran in no daemon of the server"
-    with connect_session(spark_connect) as again:
+    with connect_session(spark_connect, code_artifact()) as again:
         assert again.shared and again.session.conf.get(ARROW_RECORDS) == ARROW_CONF[ARROW_RECORDS]
         ran = again.session.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long")
         assert ran.count() == 2
@@ -103,7 +104,9 @@ def test_killing_a_run_interrupts_its_work_and_no_other_runs(
             time.sleep(seconds)
             yield from batches
 
-        with connect_session(spark_connect) as connected:  # tags the work of this thread
+        with connect_session(
+            spark_connect, code_artifact()
+        ) as connected:  # tags the work of this thread
             held[name] = connected
             try:
                 query = connected.session.range(0, 1, 1, 1).mapInArrow(sleep, "id long")
@@ -135,13 +138,13 @@ def test_when_the_shared_session_is_closed_a_run_has_its_own_and_stops_its_worke
     spark_connect, stack_settings, monkeypatch, connect_mode_kept
 ) -> None:
     session_id = str(uuid.uuid4())
-    monkeypatch.setattr(cairn_connect, "shared_session_id", lambda: session_id)
+    monkeypatch.setattr(connect_hook, "session_id", lambda artifact: session_id)
     closed = SparkSession.builder.remote(with_session_id(spark_connect, session_id)).create()
     assert closed.range(2).count() == 2
     closed.stop()  # released: the server refuses this id from now on, as after an idle timeout
     before = python_daemons(stack_settings)
 
-    with connect_session(spark_connect) as own:
+    with connect_session(spark_connect, code_artifact()) as own:
         assert not own.shared
         ran = own.session.range(0, 2, 1, 2).mapInArrow(lambda batches: batches, "id long")
         assert ran.count() == 2
@@ -218,7 +221,7 @@ def test_after_a_connect_session_the_process_still_runs_classic_spark(spark_conn
     """PySpark marks a process as Spark Connect for good once it starts a remote session; the
     mark goes with the session, so a later classic session (or a spark-submit this process
     starts) is not sent to Connect."""
-    with connect_session(spark_connect) as connected:
+    with connect_session(spark_connect, code_artifact()) as connected:
         assert connected.session.range(3).count() == 3
     assert CONNECT_MODE not in os.environ
     rows = spark.range(4).mapInArrow(lambda batches: batches, "id long").collect()

@@ -20,11 +20,13 @@ from cairn.cli import main as cli
 from cairn.config import REPO
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.errors import PERMANENT_EXIT
+from cairn.jobs import ArchiveInput, to_env
 from cairn.pipeline import archive_run, rebuild
-from cairn.pipeline.plan import TopicRecreated
 from cairn.protocol import commit, tokens
+from cairn.protocol.plan import TopicRecreated
 from cairn.storage.layout import token_key
 from cairn.storage.objects import Storage
+from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once, event, fill
@@ -370,13 +372,17 @@ def test_a_fenced_spark_job_exits_with_the_permanent_status_the_operator_does_no
     archiver.plan(cfg)  # a newer attempt fences the first out
     job = [
         str(Path(sys.executable).parent / "spark-submit"),
-        "--master",
-        "local[1]",
-        str(REPO / "spark_jobs" / "archive.py"),
-        *("--topic", topic_name, "--claim", stale.claim.key),
-        *("--topics-file", str(tmp_path / f"{topic_name}.yaml")),
+        *("--master", "local[1]", "--py-files", str(code_artifact().path)),
+        str(REPO / "spark_jobs" / "main.py"),
     ]
-    env = os.environ | archiver.kafka.to_env() | {"PYSPARK_PYTHON": sys.executable}
+    given = ArchiveInput(
+        topic=cfg.snapshot(),
+        claim=stale.claim.key,
+        artifact=code_artifact().name,
+        kafka=archiver.kafka.settings,
+        kafka_label=archiver.kafka.label,
+    )
+    env = os.environ | to_env(given) | {"PYSPARK_PYTHON": sys.executable}
 
     done = subprocess.run(job, env=env, capture_output=True, text=True, timeout=300)
 

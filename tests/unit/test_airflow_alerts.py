@@ -10,12 +10,13 @@ from datetime import timedelta
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-import cairn_dags
-import cairn_notifier
-import cairn_stats
 from cairn.config import TopicConfig
-from cairn.views import metrics, status
-from tests.unit.test_status import record
+from cairn.pipeline import run_record
+from cairn.views import metrics
+from cairn_airflow import dag_topics
+from cairn_airflow import stats as airflow_stats
+from cairn_airflow.notifications import notifier
+from tests.unit.test_run_record import record
 
 
 class Recorder:
@@ -37,13 +38,13 @@ class Recorder:
 @pytest.fixture
 def stats(monkeypatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr(cairn_stats, "Stats", recorder)
+    monkeypatch.setattr(airflow_stats, "Stats", recorder)
     return recorder
 
 
 def test_samples_go_out_tagged_where_the_backend_keeps_tags(stats, monkeypatch) -> None:
-    monkeypatch.setattr(cairn_stats, "_stats_take_tags", lambda: True)
-    cairn_stats.emit(metrics.run_samples(record(3, read=4, time_lag=2.0)))
+    monkeypatch.setattr(airflow_stats, "_stats_take_tags", lambda: True)
+    airflow_stats.emit(metrics.run_samples(record(3, read=4, time_lag=2.0)))
     p0 = {"topic": "orders", "partition": "0"}
     assert ("gauge", metrics.OFFSET_LAG, 5.0, p0) in stats.calls
     assert ("gauge", metrics.TIME_LAG, 2.0, p0) in stats.calls
@@ -56,30 +57,30 @@ def test_samples_go_out_tagged_where_the_backend_keeps_tags(stats, monkeypatch) 
 
 def test_plain_statsd_gets_the_labels_in_the_name(stats, monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
-    assert cairn_stats._stats_take_tags() is False
-    cairn_stats.emit(metrics.run_samples(record(3, topic="shop.orders", read=4)))
+    assert airflow_stats._stats_take_tags() is False
+    airflow_stats.emit(metrics.run_samples(record(3, topic="shop.orders", read=4)))
     assert ("gauge", "cairn.offset_lag.shop__orders.0", 5.0, None) in stats.calls
     assert ("incr", "cairn.records_archived.shop__orders.0", 4, None) in stats.calls
 
 
 def test_report_run_sends_the_saved_record(stats, storage, monkeypatch) -> None:
-    monkeypatch.setattr(cairn_stats, "storage", lambda cfg: storage)
-    monkeypatch.setattr(cairn_stats, "_stats_take_tags", lambda: True)
+    monkeypatch.setattr(airflow_stats, "storage", lambda cfg: storage)
+    monkeypatch.setattr(airflow_stats, "_stats_take_tags", lambda: True)
     cfg = TopicConfig(topic="orders", format="raw")
-    assert cairn_stats.report_run(cfg, 1) is None and stats.calls == []
-    status.save(storage, record(1))
-    assert cairn_stats.report_run(cfg, 1).seq == 1
+    assert airflow_stats.report_run(cfg, 1) is None and stats.calls == []
+    run_record.save(storage, record(1))
+    assert airflow_stats.report_run(cfg, 1).seq == 1
     assert any(call[1] == metrics.LAST_COMMIT for call in stats.calls)
 
 
 def test_the_notifier_is_the_configured_callable(monkeypatch, tmp_path) -> None:
-    monkeypatch.delenv(cairn_notifier.NOTIFIER_ENV, raising=False)
-    assert cairn_notifier.notifier() == []
-    monkeypatch.setenv(cairn_notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
+    monkeypatch.delenv(notifier.NOTIFIER_ENV, raising=False)
+    assert notifier.notifier() == []
+    monkeypatch.setenv(notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
     monkeypatch.setenv("CAIRN_ALERTS_FILE", str(tmp_path / "alerts.jsonl"))
-    (callback,) = cairn_notifier.notifier()
+    (callback,) = notifier.notifier()
     context = {"dag_run": {"dag_id": "archive__orders", "dag_run_id": "manual__1"}}
-    cairn_notifier.run_overdue(context, topic="orders", limit="1:00:00")
+    notifier.run_overdue(context, topic="orders", limit="1:00:00")
     (alert,) = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
     assert (alert["dag_id"], alert["run_id"], alert["task_id"]) == (
         "archive__orders",
@@ -94,17 +95,17 @@ def test_the_notifier_is_the_configured_callable(monkeypatch, tmp_path) -> None:
 
 
 def test_a_breach_fails_the_check_naming_topic_value_and_limit(storage, monkeypatch) -> None:
-    monkeypatch.setattr(cairn_notifier, "storage", lambda cfg: storage)
+    monkeypatch.setattr(notifier, "storage", lambda cfg: storage)
     cfg = TopicConfig(topic="orders", format="raw", max_time_lag="1m")
-    status.save(storage, record(1, time_lag=0.0))
-    assert "within max_time_lag" in cairn_notifier.check_health(cfg)[0]
-    status.save(storage, record(2, time_lag=90.0))
+    run_record.save(storage, record(1, time_lag=0.0))
+    assert "within max_time_lag" in notifier.check_health(cfg)[0]
+    run_record.save(storage, record(2, time_lag=90.0))
     with pytest.raises(AirflowFailException, match=r"'orders': time lag .* 90, over its limit 60"):
-        cairn_notifier.check_health(cfg)
+        notifier.check_health(cfg)
 
 
 def test_archive_dags_wire_the_notifier_the_deadline_and_the_check(monkeypatch) -> None:
-    monkeypatch.setenv(cairn_notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
+    monkeypatch.setenv(notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
     from dags.cairn_archive import archive_dag
 
     dag = archive_dag(TopicConfig(topic="orders", format="raw", max_run_duration="2h"))
@@ -113,7 +114,7 @@ def test_archive_dags_wire_the_notifier_the_deadline_and_the_check(monkeypatch) 
     assert [f.__name__ for f in check.on_failure_callback] == ["record"]
     (deadline,) = dag.deadline if isinstance(dag.deadline, list) else [dag.deadline]
     assert deadline.interval == timedelta(hours=2)
-    assert deadline.callback.path == "cairn_notifier.run_overdue"
+    assert deadline.callback.path == "cairn_airflow.notifications.notifier.run_overdue"
 
 
 def test_config_mistakes_fail_the_check_and_alert_once_until_they_change(
@@ -121,15 +122,15 @@ def test_config_mistakes_fail_the_check_and_alert_once_until_they_change(
 ) -> None:
     variables: dict[str, str] = {}
     monkeypatch.setattr(
-        cairn_notifier.Variable, "get", lambda key, default=None: variables.get(key, default)
+        notifier.Variable, "get", lambda key, default=None: variables.get(key, default)
     )
-    monkeypatch.setattr(cairn_notifier.Variable, "set", variables.__setitem__)
-    monkeypatch.setenv(cairn_notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
+    monkeypatch.setattr(notifier.Variable, "set", variables.__setitem__)
+    monkeypatch.setenv(notifier.NOTIFIER_ENV, "cairn_stack.notify.record")
     alerts = tmp_path / "alerts.jsonl"
     monkeypatch.setenv("CAIRN_ALERTS_FILE", str(alerts))
     folder = tmp_path / "topics.d"
     folder.mkdir()
-    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", folder)
+    monkeypatch.setattr(dag_topics, "TOPICS_FILE", folder)
     (folder / "a.yaml").write_text("topics:\n  - {topic: a, format: raw}\n")
     broken = folder / "b.yaml"
 
@@ -137,18 +138,18 @@ def test_config_mistakes_fail_the_check_and_alert_once_until_they_change(
         lines = alerts.read_text().splitlines() if alerts.exists() else []
         return [json.loads(line)["reason"] for line in lines]
 
-    assert cairn_notifier.check_config({}) == ["the topics files have no mistakes"]
+    assert notifier.check_config({}) == ["the topics files have no mistakes"]
     broken.write_text("topics:\n  - {topic: b, format: raw, codec: lz4}\n")
     for _ in range(2):  # a mistake left in place is one alert, however often it is checked
         with pytest.raises(AirflowFailException, match=rf"{broken}, line 2: topic 'b': codec"):
-            cairn_notifier.check_config({})
+            notifier.check_config({})
     assert reasons() == [
         f"topics files: 1 mistake(s), not archived until fixed: {broken}, line 2: topic 'b': "
         "codec: Input should be 'deflate', 'snappy', 'zstandard' or 'null'"
     ]
     broken.write_text("topics:\n  - {topic: b, format: raw}\n")
-    assert cairn_notifier.check_config({}) == ["the topics files have no mistakes"]
+    assert notifier.check_config({}) == ["the topics files have no mistakes"]
     broken.write_text("topics: [")
     with pytest.raises(AirflowFailException, match="not valid YAML"):
-        cairn_notifier.check_config({})
+        notifier.check_config({})
     assert len(reasons()) == 2 and "not valid YAML" in reasons()[1]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import sys
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,19 +15,21 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
-import cairn_dags
-import cairn_failures
 from cairn.config import TopicConfig
+from cairn.jobs import ArchiveInput, from_env
 from cairn.kafka.cluster import TopicNotFound
-from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
 from cairn.pipeline.rebuild import NoDates
 from cairn.protocol.commit import Conflict, Fenced
 from cairn.protocol.manifest import VerificationFailed
+from cairn.protocol.plan import Plan, RetentionGap, TopicRecreated
 from cairn.protocol.rewind import RewindRefused
 from cairn.topics_file import TopicNotConfigured
-from cairn_connect import Connected, shared_session_id
-from cairn_connections import schema_registries
-from cairn_failures import CAUSE_KEY, fail_fast
+from cairn_airflow import dag_topics, failures
+from cairn_airflow.failures import CAUSE_KEY, fail_fast
+from cairn_airflow.hooks.connections import schema_registries
+from cairn_airflow.hooks.spark_connect import Connected, session_id
+from cairn_airflow.operators import spark as spark_operator
+from cairn_airflow.spark_artifact import code_artifact
 from tests.unit.conftest import claim_next
 
 
@@ -50,7 +54,7 @@ def test_permanent_errors_fail_the_task_without_retries_keeping_the_message(erro
 def test_a_permanent_errors_cause_is_kept_on_one_line_for_the_overview_page(monkeypatch):
     pushed = {}
     ti = SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value}))
-    monkeypatch.setattr(cairn_failures, "get_current_context", lambda: {"ti": ti})
+    monkeypatch.setattr(failures, "get_current_context", lambda: {"ti": ti})
     with pytest.raises(AirflowFailException), fail_fast():
         raise NoDates("topic 'orders': to_date 2024-05-01\n  is before from_date 2024-05-02")
     assert pushed == {
@@ -93,12 +97,16 @@ class FakeSession:
     def __init__(self, url: str, sessions: list) -> None:
         self.url, self.stopped, self.released = url, False, False
         self.tags: list[str] = []
+        self.artifacts: list[tuple[str, bool]] = []
         self.interrupted: list[str] = []
         self.release_session_on_close = True
         sessions.append(self)
 
     def stop(self) -> None:
         self.stopped, self.released = True, self.release_session_on_close
+
+    def addArtifacts(self, *paths: str, pyfile: bool = False) -> None:
+        self.artifacts.extend((path, pyfile) for path in paths)
 
     def addTag(self, tag: str) -> None:
         self.tags.append(tag)
@@ -126,12 +134,10 @@ def spark_op(monkeypatch, storage, tmp_path):
     Kafka connection, a fake Spark Connect session builder and a recording spark-submit."""
     import pyspark.sql
 
-    import cairn_spark_operator
-
     cfg = TopicConfig.model_validate(
         {"topic": "orders", "format": "raw", "archive_root": storage.url}
     )
-    monkeypatch.setattr(cairn_spark_operator, "find_topic", lambda topic: cfg)
+    monkeypatch.setattr(spark_operator, "find_topic", lambda topic: cfg)
     monkeypatch.setenv(
         "AIRFLOW_CONN_CAIRN_KAFKA",
         '{"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:9092",'
@@ -141,30 +147,38 @@ def spark_op(monkeypatch, storage, tmp_path):
     jars = tmp_path / "jars"
     jars.mkdir()
     (jars / "connector.jar").write_bytes(b"")
-    monkeypatch.setattr(cairn_spark_operator, "SPARK_JARS_DIR", jars)
+    monkeypatch.setattr(spark_operator, "SPARK_JARS_DIR", jars)
     calls: dict = {"sessions": [], "runs": [], "submitted": []}
     monkeypatch.setattr(pyspark.sql.SparkSession, "builder", FakeBuilder(calls["sessions"]))
 
-    def run(spark, argv):
-        calls["runs"].append((spark, list(argv), dict(os.environ)))
+    def run(spark, job):
+        calls["runs"].append((spark, job, dict(os.environ)))
         if calls.get("raise"):
             raise calls["raise"]
         return "wrote 1 files for 1 records"
 
-    monkeypatch.setattr(cairn_spark_operator, "spark_job", lambda job: SimpleNamespace(run=run))
+    monkeypatch.setattr(spark_operator.spark_jobs.main, "run", run)
 
     def submit(self, context):
-        calls["submitted"].append((self.application, self.application_args, self.env_vars))
+        calls["submitted"].append(
+            (self.application, self.application_args, self.env_vars, self.py_files, self.conf)
+        )
 
-    monkeypatch.setattr(cairn_spark_operator.SparkSubmitOperator, "execute", submit)
+    monkeypatch.setattr(spark_operator.SparkSubmitOperator, "execute", submit)
     claim = claim_next(storage)
     plan = Plan(topic="orders", ranges={0: (0, 1)}, capped=False)
     payload = {"claim": claim.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
 
-    def make(conn: dict, payload: dict = payload):
+    def make(conn: dict, payload: dict = payload, archive_root: str | None = None):
+        """`archive_root`: another root for the entry, the claim still read from `storage`."""
+        if archive_root is not None:
+            other = cfg.model_copy(update={"archive_root": archive_root})
+            monkeypatch.setattr(spark_operator, "find_topic", lambda topic: other)
+            monkeypatch.setattr(spark_operator, "storage", lambda cfg: storage)
+            monkeypatch.setattr(spark_operator, "storage_options", lambda cfg, for_spark: {})
         monkeypatch.setenv("AIRFLOW_CONN_CAIRN_SPARK", json.dumps(conn))
-        op = cairn_spark_operator.CairnSparkOperator(
-            task_id="archive", job="archive", topic="orders", payload=payload
+        op = spark_operator.CairnSparkOperator(
+            task_id="archive", job="archive", cfg=cfg, payload=payload
         )
         return op, calls, claim
 
@@ -184,27 +198,82 @@ def test_a_spark_connect_connection_runs_the_job_in_the_task_on_the_servers_shar
     assert not calls["submitted"]
     [session] = calls["sessions"]
     assert session.url.startswith("sc://spark.example:15002/;")
-    assert session.url.endswith(f";session_id={shared_session_id()}")
+    artifact = code_artifact()
+    assert session.url.endswith(f";session_id={session_id(artifact)}")  # this version's
+    assert session.artifacts == [(str(artifact.path), True)]  # its code ships with the run
     # the run's work is tagged (and cleaned up by its tag); the session stays for the next run
     [tag] = session.tags
     assert session.interrupted == [tag] and session.stopped and not session.released
-    [(spark, argv, env)] = calls["runs"]
+    [(spark, job, env)] = calls["runs"]
     assert spark is session
-    assert argv == ["--topic", "orders", "--claim", claim.key]  # as spark-submit would pass
-    assert "kafka-secret" in env["CAIRN_KAFKA_CONFIG"]  # secrets as environment, not argv
-    assert "CAIRN_KAFKA_CONFIG" not in os.environ  # only while the job ran
+    assert isinstance(job, ArchiveInput) and job.claim == claim.key
+    assert job.kafka["sasl.password"] == "kafka-secret"  # handed over in the task's memory
+    assert job.artifact == artifact.name and job.topic.topic().topic == "orders"
+    assert not [key for key in env if key.startswith("CAIRN_")]  # nothing set around the call
 
 
-def test_a_spark_connection_still_spark_submits_the_jobs_file(spark_op):
-    op, calls, claim = spark_op({"conn_type": "spark", "host": "spark://master", "port": 7077})
+def test_a_spark_connection_spark_submits_the_entry_point_with_the_artifact(spark_op):
+    cluster = {"conn_type": "spark", "host": "spark://master", "port": 7077}
+    op, calls, claim = spark_op(cluster, archive_root="s3://c@bucket/x")
 
     op.execute({})
 
     assert not calls["sessions"] and not calls["runs"]
-    [(application, argv, env)] = calls["submitted"]
-    assert application.endswith("spark_jobs/archive.py")
-    assert argv == ["--topic", "orders", "--claim", claim.key]
-    assert "kafka-secret" in env["CAIRN_KAFKA_CONFIG"] and "kafka-secret" not in " ".join(argv)
+    [(application, argv, env, py_files, conf)] = calls["submitted"]
+    assert application.endswith("spark_jobs/main.py") and py_files == str(code_artifact().path)
+    assert not argv  # everything, secrets included, in one variable of the job's environment
+    job = from_env(env)
+    assert isinstance(job, ArchiveInput) and job.claim == claim.key
+    assert job.kafka["sasl.password"] == "kafka-secret"
+    # No interpreter path of this machine reaches the cluster's executors: theirs is the
+    # cluster's (its `python3`, or the connection's extra); only the local driver runs this one.
+    assert env["PYSPARK_PYTHON"] == "python3" and "spark.pyspark.python" not in conf
+    assert conf["spark.pyspark.driver.python"] == sys.executable
+
+
+def test_the_connections_extra_names_the_clusters_python_and_spark_properties(spark_op):
+    extra = {"cairn": {"python": "/opt/py/bin/python3", "conf": {"spark.cores.max": "2"}}}
+    extra["deploy-mode"] = "cluster"
+    op, calls, _ = spark_op(
+        {"conn_type": "spark", "host": "yarn", "extra": extra}, archive_root="s3://c@bucket/x"
+    )
+
+    op.execute({})
+
+    [(_, _, _, _, conf)] = calls["submitted"]
+    assert conf["spark.pyspark.python"] == "/opt/py/bin/python3"
+    assert conf["spark.cores.max"] == "2"
+    assert "spark.pyspark.driver.python" not in conf  # the driver runs on the cluster too
+
+
+def test_a_topics_spark_connection_chooses_where_its_jobs_run(spark_op, monkeypatch):
+    op, _, _ = spark_op(CONNECT)
+    assert op._conn_id == "cairn_spark" and op.execution_timeout == timedelta(minutes=30)
+    cfg = TopicConfig.model_validate(
+        {"topic": "big", "format": "raw", "spark_connection": "emr", "spark_timeout": "2h"}
+    )
+    op = spark_operator.CairnSparkOperator(task_id="a", job="archive", cfg=cfg, payload={})
+    assert op._conn_id == "emr" and op.execution_timeout == timedelta(hours=2)
+
+
+def test_a_local_master_runs_the_executors_on_this_python(spark_op):
+    op, calls, _ = spark_op({"conn_type": "spark", "host": "local[2]"})
+
+    op.execute({})
+
+    [(_, _, _, _, conf)] = calls["submitted"]
+    assert conf["spark.pyspark.python"] == conf["spark.pyspark.driver.python"] == sys.executable
+
+
+def test_a_local_archive_root_with_a_cluster_master_is_refused_before_any_spark_work(spark_op):
+    op, calls, _ = spark_op({"conn_type": "spark", "host": "spark://master", "port": 7077})
+
+    with pytest.raises(AirflowFailException) as refused:
+        op.execute({})
+
+    assert not calls["submitted"]
+    assert str(refused.value).startswith("LocalStorageOnCluster: archive root file://")
+    assert "spark://master:7077" in str(refused.value) and "s3://" in str(refused.value)
 
 
 def test_on_connect_a_permanent_error_fails_without_retries_and_releases_the_session(spark_op):
@@ -263,7 +332,7 @@ def test_a_run_whose_topic_entry_broke_fails_at_once_with_the_mistake(
 
     topics = tmp_path / "topics.yaml"
     topics.write_text(BROKEN)
-    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", topics)
+    monkeypatch.setattr(dag_topics, "TOPICS_FILE", topics)
     file = str(Path(__file__).resolve().parents[2] / "dags" / f"cairn_{kind}.py")
 
     def built() -> dict[str, DAG]:
@@ -291,14 +360,13 @@ def test_a_run_whose_topic_entry_broke_fails_at_once_with_the_mistake(
 
 
 def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, monkeypatch):
-    import cairn_spark_operator
 
     op, calls, _ = spark_op(CONNECT)
 
     def broken(topic):
         raise TopicNotConfigured(f"topics.yaml, line 6: topic {topic!r}: codec: bad; fix it")
 
-    monkeypatch.setattr(cairn_spark_operator, "find_topic", broken)
+    monkeypatch.setattr(spark_operator, "find_topic", broken)
     with pytest.raises(AirflowFailException, match="line 6: topic 'orders': codec"):
         op.execute({})
     assert not calls["sessions"] and not calls["submitted"]
@@ -307,7 +375,7 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
 def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkeypatch, tmp_path):
     """The Variable is written only when the root changed; an unwritable Variable never fails
     the run that committed."""
-    import cairn_root_memory
+    from cairn_airflow import root_memory
 
     variables: dict[str, str] = {}
     writes = []
@@ -317,22 +385,22 @@ def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkey
         variables[key] = value
 
     monkeypatch.setattr(
-        cairn_root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
+        root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
     )
-    monkeypatch.setattr(cairn_root_memory.Variable, "set", set_variable)
+    monkeypatch.setattr(root_memory.Variable, "set", set_variable)
     first = TopicConfig(topic="orders", format="raw", archive_root=f"file://{tmp_path}/a")
     moved = first.model_copy(update={"archive_root": f"file://{tmp_path}/b"})
 
-    assert cairn_root_memory.earlier_roots(first) == {}
-    cairn_root_memory.remember_root(first)
-    cairn_root_memory.remember_root(first)
+    assert root_memory.earlier_roots(first) == {}
+    root_memory.remember_root(first)
+    root_memory.remember_root(first)
     assert writes == ["cairn_archive_root.orders"]
-    assert cairn_root_memory.earlier_roots(first) == {}  # the same root is no witness
-    (root, opened), *more = cairn_root_memory.earlier_roots(moved).items()
+    assert root_memory.earlier_roots(first) == {}  # the same root is no witness
+    (root, opened), *more = root_memory.earlier_roots(moved).items()
     assert not more and root == first.archive_root and opened.url == first.root.storage_url
 
     def broken(*args, **kwargs):
         raise ConnectionError("api-server gone")
 
-    monkeypatch.setattr(cairn_root_memory.Variable, "set", broken)
-    cairn_root_memory.remember_root(moved)  # logged, not raised
+    monkeypatch.setattr(root_memory.Variable, "set", broken)
+    root_memory.remember_root(moved)  # logged, not raised

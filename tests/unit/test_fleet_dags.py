@@ -10,14 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import DAG
 
-import cairn_dags
-import cairn_priority
-from cairn.config import TopicConfig
+from cairn.config import REPO, TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.schedule import spread
-from cairn_spark_operator import SPARK_POOL
+from cairn_airflow import dag_topics, priority
+from cairn_airflow.operators.spark import SPARK_POOL
 from dags.cairn_archive import archive_dag
 from dags.cairn_rebuild import rebuild_dag
 
@@ -64,24 +64,27 @@ def test_the_archive_dag_runs_on_the_topics_spread_schedule():
 
 def test_the_archive_spark_task_is_weighted_by_lag_the_rebuild_task_is_not():
     archive = archive_dag(parsing("orders.eu")).get_task("archive")
-    assert archive.weight_rule == cairn_priority.LAG_FIRST == "cairn_priority.TimeLagFirst"
+    assert archive.weight_rule == priority.LAG_FIRST == "cairn_airflow.priority.TimeLagFirst"
     rebuild = rebuild_dag(parsing("orders.eu")).get_task("rebuild")
-    assert rebuild.weight_rule != cairn_priority.LAG_FIRST
+    assert rebuild.weight_rule != priority.LAG_FIRST
 
 
-def test_the_rule_is_registered_by_a_plugin():
-    assert (
-        cairn_priority.TimeLagFirst in cairn_priority.CairnPriorityPlugin.priority_weight_strategies
-    )
+def test_the_rule_is_registered_by_the_plugin_the_plugins_folder_holds():
+    """Airflow finds plugins by loading each file of its plugins folder: the one there must
+    bring the rule, or a DAG naming it fails to import."""
+    found = runpy.run_path(str(REPO / "plugins" / "cairn_plugin.py"))
+    plugins = [p for p in found.values() if isinstance(p, type) and issubclass(p, AirflowPlugin)]
+    assert [p.name for p in plugins] == ["cairn"]
+    assert priority.TimeLagFirst in plugins[0].priority_weight_strategies
 
 
 @pytest.mark.parametrize(
     "topic", ["orders.eu", "a.b.c", "plain", "with-dash_and_underscore", "a__b", "archive__x"]
 )
 def test_the_rule_finds_the_topic_of_an_archive_dag(topic):
-    assert cairn_priority.dag_topic(dag_id("archive", topic)) == topic
+    assert priority.dag_topic(dag_id("archive", topic)) == topic
     assert dag_id("archive", topic) == f"archive__{topic}"
-    assert cairn_priority.dag_topic(dag_id("rebuild", topic)) is None
+    assert priority.dag_topic(dag_id("rebuild", topic)) is None
 
 
 def task_instance(dag_id: str, priority_weight: int = 1) -> SimpleNamespace:
@@ -91,8 +94,8 @@ def task_instance(dag_id: str, priority_weight: int = 1) -> SimpleNamespace:
 
 def test_weight_is_the_tasks_weight_plus_minutes_of_the_recorded_lag(monkeypatch):
     recorded = {"orders.eu": 3600.0, "quiet": 0.0}
-    monkeypatch.setattr(cairn_priority, "stored_lag", recorded.get)
-    rule = cairn_priority.TimeLagFirst()
+    monkeypatch.setattr(priority, "stored_lag", recorded.get)
+    rule = priority.TimeLagFirst()
     assert rule.get_weight(task_instance("archive__orders.eu")) == 61
     assert rule.get_weight(task_instance("archive__quiet", priority_weight=5)) == 5
     assert rule.get_weight(task_instance("archive__never.ran")) == 1  # nothing recorded
@@ -102,19 +105,19 @@ def test_a_lag_that_cannot_be_read_gives_the_plain_weight(monkeypatch):
     def broken(topic):
         raise RuntimeError("database gone")
 
-    monkeypatch.setattr(cairn_priority, "stored_lag", broken)
-    assert cairn_priority.TimeLagFirst().get_weight(task_instance("archive__orders", 3)) == 3
+    monkeypatch.setattr(priority, "stored_lag", broken)
+    assert priority.TimeLagFirst().get_weight(task_instance("archive__orders", 3)) == 3
 
 
 def test_recording_the_lag_never_fails_a_run(monkeypatch):
     """Outside a task (no Airflow to talk to) Variable.set fails: logged, not raised."""
-    cairn_priority.remember_lag("orders.eu", 12.5)
+    priority.remember_lag("orders.eu", 12.5)
     written = []
     monkeypatch.setattr(
-        cairn_priority.Variable, "set", lambda key, value, **kw: written.append((key, value))
+        priority.Variable, "set", lambda key, value, **kw: written.append((key, value))
     )
-    cairn_priority.remember_lag("orders.eu", 12.5)
-    cairn_priority.remember_lag("orders.eu", None)  # unknown: the last figure stays
+    priority.remember_lag("orders.eu", 12.5)
+    priority.remember_lag("orders.eu", None)  # unknown: the last figure stays
     assert written == [("cairn_time_lag.orders.eu", "12.5")]
 
 
@@ -125,7 +128,7 @@ def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, kind):
     """The DAG processor builds every topic's DAG; a task process (Airflow's parsing context
     names its DAG) builds only its own, so a task's start does not grow with the fleet."""
     fleet = [parsing(f"fleet.t{i:03d}") for i in range(30)]
-    monkeypatch.setattr(cairn_dags, "configured_topics", lambda: fleet)
+    monkeypatch.setattr(dag_topics, "configured_topics", lambda: fleet)
     file = str(Path(__file__).resolve().parents[2] / path)
 
     def built() -> set[str]:

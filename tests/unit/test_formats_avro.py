@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from cairn.config import TopicConfig
+from cairn.config import TopicConfig, TopicSnapshot
 from cairn.datafiles.avro_file import AvroFileWriter
 from cairn.formats import REGISTRIES_VARIABLE, open_format, registries_from_env, registry_ids
 from cairn.formats.avro import AvroFormat, RegistryUnavailable, SchemaFolder, registry_config
@@ -134,6 +135,7 @@ def test_every_writer_version_resolves_to_the_reader_schema(tmp_path):
 
 
 GOOD = {"id": "a", "amount": 1.0, "currency": "EUR", "paid_at": TS, "note": None}
+V1_RECORD = {"id": "p", "amount": 3.0, "paid_at": TS, "legacy": 0}
 
 
 @pytest.mark.parametrize(
@@ -170,7 +172,7 @@ def test_unknown_ids_are_looked_up_once(tmp_path):
 
 def test_plain_values_use_the_fixed_writer_schema(tmp_path):
     fmt = open_format(config(tmp_path, {"framing": "plain", "writer_schema": "v1.avsc"}))
-    value = avro(V1, {"id": "p", "amount": 3.0, "paid_at": TS, "legacy": 0})
+    value = avro(V1, V1_RECORD)
     result = fmt.parse(value, COORDS, NOW)
     assert isinstance(result, Parsed) and result.record["currency"] == "EUR"
     assert reason(fmt.parse(value[:3], COORDS, NOW)) == (
@@ -297,17 +299,46 @@ def test_format_sections_belong_to_their_format(tmp_path):
 
 
 def test_schema_folder_layout_is_checked(tmp_path):
+    cfg = config(tmp_path)
     folder = tmp_path / "w" / "subject"
     folder.mkdir(parents=True)
     (folder / "1-7.avsc").write_text(json.dumps(V1))
-    assert SchemaFolder(tmp_path / "w").paths == {7: folder / "1-7.avsc"}
+    assert SchemaFolder(cfg, "w").paths == {7: "w/subject/1-7.avsc"}
     (tmp_path / "w" / "other").mkdir()
     (tmp_path / "w" / "other" / "4-7.avsc").write_text(json.dumps(V2))
     with pytest.raises(ValueError, match="schema id 7 also in"):
-        SchemaFolder(tmp_path / "w")
+        SchemaFolder(cfg, "w")
     (tmp_path / "w" / "other" / "4-7.avsc").rename(tmp_path / "w" / "other" / "v4.avsc")
     with pytest.raises(ValueError, match=r"<subject>/<version>-<id>\.avsc"):
-        SchemaFolder(tmp_path / "w")
+        SchemaFolder(cfg, "w")
+    with pytest.raises(ValueError, match="is not a folder"):
+        SchemaFolder(cfg, "nowhere")
+
+
+@pytest.mark.parametrize(
+    "section", [{"schemas_dir": "writers"}, {"framing": "plain", "writer_schema": "v1.avsc"}]
+)
+def test_a_snapshot_parses_with_the_files_it_carries_and_none_from_disk(tmp_path, section):
+    """A Spark job gets the entry as a snapshot: its executors have no topics folder."""
+    (tmp_path / "topics").mkdir()
+    snapshot = config(tmp_path / "topics", section).snapshot()
+    shutil.rmtree(tmp_path / "topics")  # nothing of the topics folder is left to read
+
+    cfg = TopicSnapshot.model_validate_json(snapshot.model_dump_json()).topic()
+
+    assert cfg.user_schema == READER
+    if "writer_schema" in section:
+        parsed = open_format(cfg).parse(avro(V1, V1_RECORD), COORDS, NOW)
+        assert parsed.record["amount"] == pytest.approx(V1_RECORD["amount"])
+    else:
+        assert sorted(snapshot.files) == [
+            "payment.avsc",
+            *(f"writers/payments-value/{v}-{i}.avsc" for i, (v, _) in WRITERS.items()),
+        ]
+        parsed = open_format(cfg).parse(framed(102, GOOD), COORDS, NOW)
+        assert parsed.record["id"] == GOOD["id"]
+    with pytest.raises(FileNotFoundError, match="did not travel with the entry"):
+        cfg.read_file("elsewhere.avsc")
 
 
 def test_an_unreachable_registry_fails_the_run_instead_of_quarantining(tmp_path):

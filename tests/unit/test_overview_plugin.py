@@ -13,17 +13,18 @@ from airflow.sdk.exceptions import AirflowFailException
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-import cairn_dags
-import cairn_notifier
-import cairn_overview
+from cairn.pipeline import run_record
 from cairn.storage.objects import Storage
 from cairn.topics_file import TopicConfigError, load_topics
-from cairn.views import status
+from cairn_airflow import dag_topics
+from cairn_airflow.notifications import notifier
+from cairn_airflow.pages import app as pages
+from cairn_airflow.plugin import CairnPlugin
 from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec
-from tests.unit.test_status import record
+from tests.unit.test_run_record import record
 
-REAL_READABLE_TOPICS = cairn_overview.readable_topics
+REAL_READABLE_TOPICS = pages.readable_topics
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def client(tmp_path, monkeypatch) -> TestClient:
     entries.append({"pattern": r"clicks\..+", "format": "raw"})  # no topic matches yet
     (tmp_path / "order.avsc").write_text(json.dumps(SCHEMA))
     (tmp_path / "topics.yaml").write_text(json.dumps({"topics": entries}))
-    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", tmp_path / "topics.yaml")
+    monkeypatch.setattr(dag_topics, "TOPICS_FILE", tmp_path / "topics.yaml")
     topics = [t for t in load_topics(tmp_path / "topics.yaml").topics if t.topic]
     good = topics[0]
     archive = Storage(good.root.storage_url)
@@ -46,21 +47,21 @@ def client(tmp_path, monkeypatch) -> TestClient:
     ]
     archive_records(archive, good, datetime.now(UTC), records)
     for seq, lag in ((1, 40), (2, 0)):
-        status.save(archive, record(seq, topic="orders.eu", quarantined=1, offset_lag={0: lag}))
+        run_record.save(archive, record(seq, topic="orders.eu", quarantined=1, offset_lag={0: lag}))
 
     def storage(cfg):
         if cfg.topic == "broken":
             raise PermissionError("no access to the bucket")
         return Storage(cfg.root.storage_url)
 
-    monkeypatch.setattr(cairn_overview, "readable_topics", lambda user: topics)
-    monkeypatch.setattr(cairn_overview, "may_read", lambda user, topic: True)
-    monkeypatch.setattr(cairn_overview, "storage", storage)
-    monkeypatch.setattr(cairn_overview, "recent_runs", lambda dag_id, limit: [])
-    monkeypatch.setattr(cairn_overview, "last_failure", lambda dag_id: None)
-    cairn_overview.app.dependency_overrides[cairn_overview.page_user] = lambda: object()
-    yield TestClient(cairn_overview.app)
-    cairn_overview.app.dependency_overrides.clear()
+    monkeypatch.setattr(pages, "readable_topics", lambda user: topics)
+    monkeypatch.setattr(pages, "may_read", lambda user, topic: True)
+    monkeypatch.setattr(pages, "storage", storage)
+    monkeypatch.setattr(pages, "recent_runs", lambda dag_id, limit: [])
+    monkeypatch.setattr(pages, "last_failure", lambda dag_id: None)
+    pages.app.dependency_overrides[pages.page_user] = lambda: object()
+    yield TestClient(pages.app)
+    pages.app.dependency_overrides.clear()
 
 
 def test_index_lists_every_topic_and_isolates_a_broken_one(client) -> None:
@@ -87,7 +88,7 @@ def test_topic_page_shows_runs_and_configuration(client) -> None:
 def test_the_prefix_without_its_slash_redirects_to_the_index():
     """Mounted as Airflow's api-server mounts plugins (`init_plugins`): app and root middleware."""
     root = FastAPI()
-    plugin = cairn_overview.CairnOverviewPlugin
+    plugin = CairnPlugin
     for mounted in plugin.fastapi_apps:
         root.mount(mounted["url_prefix"], mounted["app"])
     for middleware in plugin.fastapi_root_middlewares:
@@ -108,8 +109,8 @@ def test_a_broken_topics_file_shows_as_misconfigured_and_in_the_metrics(
     (tmp_path / "topics.yaml").rename(folder / "shop.yaml")
     (tmp_path / "order.avsc").rename(folder / "order.avsc")
     (folder / "team-b.yaml").write_text("topics:\n  - topic: b\n    format: raw\n   seal: x\n")
-    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", folder)
-    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+    monkeypatch.setattr(dag_topics, "TOPICS_FILE", folder)
+    pages.app.dependency_overrides[pages.metrics_reader] = lambda: None
 
     page = client.get("/")
     assert page.status_code == 200
@@ -133,15 +134,15 @@ def test_a_topic_two_patterns_match_shows_as_misconfigured_in_the_page_metrics_a
     entries = json.loads(topics.read_text())["topics"]
     entries.append({"pattern": r".+\.us", "format": "raw"})  # overlaps clicks\..+ on clicks.us
     topics.write_text(json.dumps({"topics": entries}))
-    variables = {cairn_dags.TOPICS_VARIABLE: json.dumps(["clicks.eu", "clicks.us", "orders.us"])}
+    variables = {dag_topics.TOPICS_VARIABLE: json.dumps(["clicks.eu", "clicks.us", "orders.us"])}
     monkeypatch.setattr(
-        cairn_dags.Variable, "get", lambda key, default=None: variables.get(key, default)
+        dag_topics.Variable, "get", lambda key, default=None: variables.get(key, default)
     )
-    monkeypatch.setattr(cairn_dags.Variable, "set", variables.__setitem__)
-    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+    monkeypatch.setattr(dag_topics.Variable, "set", variables.__setitem__)
+    pages.app.dependency_overrides[pages.metrics_reader] = lambda: None
 
-    assert "clicks.us" not in [c.topic for c in cairn_dags.configured_topics()]
-    assert {"clicks.eu", "orders.us"} <= {c.topic for c in cairn_dags.configured_topics()}
+    assert "clicks.us" not in [c.topic for c in dag_topics.configured_topics()]
+    assert {"clicks.eu", "orders.us"} <= {c.topic for c in dag_topics.configured_topics()}
     page = client.get("/")
     assert page.status_code == 200
     assert "topic &#39;clicks.us&#39;" in page.text
@@ -150,13 +151,13 @@ def test_a_topic_two_patterns_match_shows_as_misconfigured_in_the_page_metrics_a
     scrape = client.get("/metrics")
     assert f'cairn_config_errors{{file="{topics}"}} 1.0' in scrape.text
     with pytest.raises(AirflowFailException, match=r"topic 'clicks.us': pattern: matched by"):
-        cairn_notifier.check_config({})
+        notifier.check_config({})
 
 
 def test_the_cause_of_a_topics_last_failed_run_shows_beside_it(client, monkeypatch) -> None:
     cause = "ConnectionMissing: topic 'broken': no Airflow connection 'archive_s3'"
     causes = {"archive__broken": cause}
-    monkeypatch.setattr(cairn_overview, "last_failure", causes.get)
+    monkeypatch.setattr(pages, "last_failure", causes.get)
 
     page = client.get("/")
 
@@ -170,11 +171,11 @@ def test_a_missing_topics_file_shows_as_misconfigured_and_in_the_metrics(
 ) -> None:
     """`CAIRN_TOPICS_FILE` naming nothing: the pages still render and say so."""
     missing = tmp_path / "no-such-topics.d"
-    monkeypatch.setattr(cairn_dags, "TOPICS_FILE", missing)
-    monkeypatch.setattr(cairn_overview, "readable_topics", REAL_READABLE_TOPICS)
+    monkeypatch.setattr(dag_topics, "TOPICS_FILE", missing)
+    monkeypatch.setattr(pages, "readable_topics", REAL_READABLE_TOPICS)
     anyone = SimpleNamespace(is_authorized_dag=lambda **_: True)
-    monkeypatch.setattr(cairn_overview, "get_auth_manager", lambda: anyone)
-    cairn_overview.app.dependency_overrides[cairn_overview.metrics_reader] = lambda: None
+    monkeypatch.setattr(pages, "get_auth_manager", lambda: anyone)
+    pages.app.dependency_overrides[pages.metrics_reader] = lambda: None
 
     page = client.get("/")
     assert page.status_code == 200
@@ -211,11 +212,11 @@ def test_misconfigured_entries_show_only_to_users_who_may_read_what_they_describ
             return self.dags is None or details.id in self.dags
 
     def seen(dags: set[str] | None) -> list[str]:
-        monkeypatch.setattr(cairn_overview, "get_auth_manager", lambda: AuthManager(dags))
-        return [e.entry for e in cairn_overview.readable_errors("someone", errors)]
+        monkeypatch.setattr(pages, "get_auth_manager", lambda: AuthManager(dags))
+        return [e.entry for e in pages.readable_errors("someone", errors)]
 
     assert seen({"archive__orders.eu"}) == ["topic 'orders.eu'"]
     assert seen({"archive__clicks", "rebuild__orders.eu"}) == ["topic 'clicks'"]
     assert seen(set()) == []
     assert seen(None) == [e.entry for e in errors]
-    assert cairn_overview.readable_errors(None, errors) == errors  # the scrape token
+    assert pages.readable_errors(None, errors) == errors  # the scrape token

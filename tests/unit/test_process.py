@@ -298,13 +298,14 @@ def test_stop_does_not_signal_a_process_that_reused_the_pid_in_the_pid_file(
 
 def test_kafka_without_java_names_kafka_and_java_and_starts_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(services, "java", lambda: None)
-    (kafka_port,) = free_port_block(1, step=2)
+    kafka_port, sasl = free_port_block(2, step=2)  # free ports: a running demo stack has 9092-4
     controller = kafka_port + 1
     settings = StackSettings(
         state_dir=tmp_path / "state",
         jars_dir=tmp_path / "jars",
         kafka_port=kafka_port,
         kafka_controller_port=controller,
+        kafka_sasl_port=sasl,
     )
     service = services.kafka(settings)
 
@@ -313,7 +314,7 @@ def test_kafka_without_java_names_kafka_and_java_and_starts_nothing(tmp_path, mo
 
     assert not service.pidfile.exists() and service.pid() is None
     assert not service.log.exists()
-    assert port_free(kafka_port) and port_free(controller)
+    assert port_free(kafka_port) and port_free(controller) and port_free(sasl)
 
 
 def test_spark_connect_server_binds_loopback_runs_cairns_python_and_has_no_secret(tmp_path):
@@ -329,12 +330,51 @@ def test_spark_connect_server_binds_loopback_runs_cairns_python_and_has_no_secre
     timeout = f"spark.connect.session.manager.defaultSessionTimeout={services.SESSION_TIMEOUT}"
     assert timeout in argv and services.SESSION_TIMEOUT != "60m"
     assert "--conf spark.driver.extraJavaOptions=-XX:+UseParallelGC" in argv  # SERVER_JVM
-    assert "--conf spark.python.daemon.module=cairn_pyspark_daemon" in argv  # PYTHON_DAEMON
+    assert "--conf spark.python.daemon.module=cairn_stack.pyspark_daemon" in argv  # PYTHON_DAEMON
     assert service.env["PYSPARK_PYTHON"] == sys.executable
-    assert str(Path(services.REPO) / "include") in service.env["PYTHONPATH"].split(os.pathsep)
+    assert "PYTHONPATH" not in service.env  # Cairn's code comes with each run's session
     secrets = (settings.kafka_sasl_password, settings.s3_secret_key)
     assert not [s for s in secrets if s in argv or s in str(service.env)]
     assert "spark-connect" in [s.name for s in services.all_services(settings)]
+
+
+def test_the_distributed_shape_runs_celery_workers_and_a_spark_cluster_with_nothing_of_cairn(
+    tmp_path,
+):
+    settings = StackSettings(state_dir=tmp_path / "state", cluster=True, redis_port=16379)
+    found = {s.name: s for s in services.all_services(settings)}
+
+    assert list(found) == [
+        "kafka", "seaweedfs", "postgres", "redis", "spark-master", "spark-worker-1",
+        "spark-worker-2", "spark-connect-cluster", "airflow-api-server", "airflow-scheduler",
+        "airflow-dag-processor", "airflow-worker-1", "airflow-worker-2",
+    ]  # fmt: skip
+    server = " ".join(found["spark-connect-cluster"].argv)
+    assert f"--master spark://{settings.host}:{settings.spark_cluster_port}" in server
+    assert f"spark.cores.max={settings.spark_connect_cores}" in server
+    assert "spark.python.daemon.module" not in server  # nothing of Cairn on the cluster
+    assert found["spark-connect-cluster"].env["PYSPARK_PYTHON"] == str(settings.cluster_python)
+    for name in ("spark-master", "spark-worker-1", "spark-worker-2", "spark-connect-cluster"):
+        argv = found[name].argv
+        if argv[0] == "unshare":  # this machine allows mount namespaces: the code is hidden
+            hidden = argv[argv.index("sh", argv.index("-c")) + 1 : argv.index("--", 5)]
+            assert str(Path(services.REPO) / "include") in hidden, name
+            assert str(settings.topics_file.parent) in hidden, name
+    assert "--work-dir" in found["spark-worker-2"].argv
+    worker = found["airflow-worker-2"]
+    assert worker.argv[1:4] == ["celery", "worker", "--celery-hostname"]
+    assert worker.env["CAIRN_WORKER_NAME"] == "airflow-worker-2"
+    assert worker.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert worker.env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://{settings.host}:16379/0"
+    assert worker.env["AIRFLOW__LOGGING__REMOTE_LOGGING"] == "True"  # logs in S3, not a disk
+    assert worker.env["AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER"].startswith("s3://")
+    submit = json.loads(worker.env["AIRFLOW_CONN_CAIRN_SPARK_SUBMIT"])
+    assert submit["host"] == settings.spark_cluster_url
+    assert submit["extra"]["cairn"]["python"] == str(settings.cluster_python)
+    # `down` and `status` cover both shapes, whichever `up` started
+    local = {s.name for s in services.all_services(settings.model_copy(update={"cluster": False}))}
+    assert {s.name for s in services.every_service(settings)} == local | found.keys()
+    assert "spark-connect" in local  # its own pid file: never taken for the other shape's
 
 
 def test_postgres_starts_once_before_the_server_and_airflow_which_use_it(tmp_path):

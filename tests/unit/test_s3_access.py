@@ -21,8 +21,8 @@ from cairn.storage.s3_access import (
     env_connection_options,
     s3_options,
 )
-from cairn_connections import storage_options
-from cairn_failures import fail_fast
+from cairn_airflow.failures import fail_fast
+from cairn_airflow.hooks.connections import storage_options
 
 KEYS = Credentials("AKIAEXAMPLEKEY", "secret-access-key", "session-token-123")
 

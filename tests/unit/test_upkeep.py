@@ -113,7 +113,7 @@ def test_files_of_the_sealed_date_no_snapshot_refers_to_go_once_old_enough(tmp_p
         files.write(key, b"parquet")
     an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).timestamp()
     for key in (orphan, live.removeprefix(f"{where.location}/")):
-        os.utime(files.path(key), (an_hour_ago, an_hour_ago))
+        os.utime(files.backend.path(key), (an_hour_ago, an_hour_ago))
     table = catalog.load_table(where.identifier)
 
     upkeep.upkeep(table, files, FIRST, WEEK, timedelta(minutes=30))

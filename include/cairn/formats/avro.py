@@ -23,14 +23,13 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from pathlib import PurePosixPath
+from typing import Any, Literal, NamedTuple, Protocol, cast
 
 import fastavro
 from fastavro.read import SchemaResolutionError
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from cairn.datafiles.avro_file import load_schema
 from cairn.formats.base import (
     FieldError,
     KafkaCoords,
@@ -39,6 +38,8 @@ from cairn.formats.base import (
     Registries,
     Reject,
     Topic,
+    load_schema,
+    parsed_record_schema,
 )
 
 CACHED_WRITERS = 1024
@@ -107,24 +108,38 @@ class SchemaFolder:
     Layout: `<dir>/<subject>/<version>-<id>.avsc`, e.g. `payments-value/3-1042.avsc` is version
     3 of subject `payments-value`, registered with id 1042 (the id the producers' values carry).
     It is what a registry export gives: `GET /subjects/<s>/versions/<v>` returns all three.
+    The files are read through the topic, so they travel with its entry to Spark jobs.
     """
 
-    def __init__(self, folder: Path) -> None:
-        if not folder.is_dir():
-            raise ValueError(f"schemas_dir {folder} is not a folder")
-        self.paths: dict[int, Path] = {}
-        for path in sorted(folder.glob("*/*.avsc")):
-            found = _SCHEMA_FILE_RE.fullmatch(path.name)
+    def __init__(self, topic: Topic, folder: str) -> None:
+        if not _has_folder(topic, folder):
+            raise ValueError(f"schemas_dir {topic.base_dir / folder} is not a folder")
+        self.topic = topic
+        self.paths: dict[int, str] = {}
+        for name in schema_files(topic, folder):
+            found = _SCHEMA_FILE_RE.fullmatch(PurePosixPath(name).name)
             if found is None:
-                raise ValueError(f"{path}: name writer schemas <subject>/<version>-<id>.avsc")
+                raise ValueError(f"{name}: name writer schemas <subject>/<version>-<id>.avsc")
             schema_id = int(found["id"])
             if schema_id in self.paths:
-                raise ValueError(f"{path}: schema id {schema_id} also in {self.paths[schema_id]}")
-            self.paths[schema_id] = path
+                raise ValueError(f"{name}: schema id {schema_id} also in {self.paths[schema_id]}")
+            self.paths[schema_id] = name
 
     def by_id(self, schema_id: int) -> dict[str, Any] | None:
-        path = self.paths.get(schema_id)
-        return None if path is None else fastavro.parse_schema(load_schema(path))
+        name = self.paths.get(schema_id)
+        if name is None:
+            return None
+        return parsed_record_schema(_load(self.topic, name))
+
+
+def schema_files(topic: Topic, folder: str) -> list[str]:
+    """The writer schema files of a `schemas_dir`, relative to the topics file."""
+    return topic.file_names(folder, "*/*.avsc")
+
+
+def _has_folder(topic: Topic, folder: str) -> bool:
+    """Whether the `schemas_dir` exists: on disk, or in the snapshot the entry travelled with."""
+    return (topic.base_dir / folder).is_dir() or bool(schema_files(topic, folder))
 
 
 class SchemaRegistry:
@@ -146,7 +161,10 @@ class SchemaRegistry:
 
         try:
             schema = self.client.get_schema(schema_id)
-            refs = [self.client.get_version(r.subject, r.version) for r in schema.references or ()]
+            refs = [
+                self.client.get_version(r.subject, r.version)  # type: ignore[arg-type]  # both set
+                for r in schema.references or ()
+            ]
         except SchemaRegistryError as err:
             if err.http_status_code == 404:
                 return None
@@ -159,8 +177,8 @@ class SchemaRegistry:
         named: dict[str, Any] = {}
         try:
             for ref in refs:
-                fastavro.parse_schema(json.loads(ref.schema.schema_str), named_schemas=named)
-            return fastavro.parse_schema(json.loads(schema.schema_str), named_schemas=named)
+                fastavro.parse_schema(json.loads(ref.schema.schema_str or ""), named_schemas=named)
+            return parsed_record_schema(json.loads(schema.schema_str or ""), named_schemas=named)
         except Exception as err:  # the registry's schema itself: its records cannot be read
             raise Reject(f"writer schema id {schema_id} does not parse: {err}") from None
 
@@ -198,9 +216,9 @@ class AvroFormat(ParsingFormat):
         settings = _settings(topic)
         try:
             if settings.writer_schema is not None:
-                load_schema(topic.base_dir / settings.writer_schema)
+                _load(topic, settings.writer_schema)
             if settings.schemas_dir is not None:
-                SchemaFolder(topic.base_dir / settings.schemas_dir)
+                SchemaFolder(topic, settings.schemas_dir)
         except ValueError as err:  # load_schema and SchemaFolder name the file
             field = "avro.writer_schema" if settings.writer_schema else "avro.schemas_dir"
             raise FieldError(field, str(err)) from None
@@ -210,20 +228,27 @@ class AvroFormat(ParsingFormat):
         registry = _settings(topic).registry
         return [] if registry is None else [registry]
 
+    @classmethod
+    def files(cls, topic: Topic) -> list[str]:
+        settings = _settings(topic)
+        if settings.writer_schema is not None:
+            return [settings.writer_schema]
+        return [] if settings.schemas_dir is None else schema_files(topic, settings.schemas_dir)
+
     def __init__(self, topic: Topic, registries: Registries | None = None) -> None:
         """`registries` maps a registry connection id to its `SchemaRegistryClient` config;
         only topics with `avro.registry` need theirs in it."""
         super().__init__(topic, registries)
         settings = _settings(topic)
-        self.reader = fastavro.parse_schema(topic.user_schema or {})
+        self.reader = parsed_record_schema(topic.user_schema or {})
         self.fixed: Resolution | None = None  # framing: plain
         self.schemas: WriterSchemas | None = None  # framing: confluent
         if settings.writer_schema is not None:
-            path = topic.base_dir / settings.writer_schema
-            self.fixed = self._resolution(fastavro.parse_schema(load_schema(path)))
+            writer = _load(topic, settings.writer_schema)
+            self.fixed = self._resolution(parsed_record_schema(writer))
             return
         if settings.schemas_dir is not None:
-            self.schemas = SchemaFolder(topic.base_dir / settings.schemas_dir)
+            self.schemas = SchemaFolder(topic, settings.schemas_dir)
         else:
             config = (registries or {}).get(settings.registry or "")
             if config is None:
@@ -238,6 +263,7 @@ class AvroFormat(ParsingFormat):
         self, value: bytes | bytearray | memoryview, coords: KafkaCoords, processing_time: datetime
     ) -> Parsed:
         data = bytes(value)
+        found: Resolution | None
         if self.fixed is not None:
             found, start, label = self.fixed, 0, "the writer_schema"
         else:
@@ -253,7 +279,9 @@ class AvroFormat(ParsingFormat):
         fo = io.BytesIO(data)
         fo.seek(start)
         try:
-            record = fastavro.schemaless_reader(fo, found.writer, found.reader)
+            record = cast(
+                dict[str, Any], fastavro.schemaless_reader(fo, found.writer, found.reader)
+            )
         except SchemaResolutionError as err:
             raise Reject(f"{label} does not resolve to the reader schema: {err}") from None
         except EOFError:
@@ -272,6 +300,15 @@ class AvroFormat(ParsingFormat):
     def _resolution(self, writer: dict[str, Any]) -> Resolution:
         """Compared once per writer schema: fastavro would compare them for every value."""
         return Resolution(writer, None if writer == self.reader else self.reader)
+
+
+def _load(topic: Topic, relative: str) -> dict[str, Any]:
+    """A schema file the entry names, read through the topic (`load_schema` checks it)."""
+    try:
+        data = topic.read_file(relative)
+    except OSError as err:
+        raise ValueError(f"schema {topic.base_dir / relative}: {err}") from None
+    return load_schema(topic.base_dir / relative, data)
 
 
 def _settings(topic: Topic) -> AvroSettings:

@@ -9,13 +9,14 @@ so there is one mapping to test, and it refuses, when the configuration is loade
 it cannot carry to both clients, instead of letting one of them connect differently.
 
 Secrets stay inside: `repr` and `describe()` (what error messages use) show only the label (the
-Airflow connection id or the file it came from) and the bootstrap servers, and the configuration
-reaches the Spark job as one environment variable (`ENV_VARIABLE`), never as arguments.
+Airflow connection id or the file it came from) and the bootstrap servers; the configuration
+reaches the Spark job inside its input (`cairn.jobs`), never as arguments.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from cairn.errors import PermanentError
 
 ENV_VARIABLE = "CAIRN_KAFKA_CONFIG"
-"""JSON `{"label": ..., "config": {librdkafka settings}}`, for the Spark job and the CLI."""
+"""JSON `{"label": ..., "config": {librdkafka settings}}`, how the CLI may be given it."""
 BOOTSTRAP_VARIABLE = "CAIRN_BOOTSTRAP_SERVERS"
 """The older, plaintext-only way: bootstrap servers alone."""
 
@@ -89,6 +90,11 @@ SECURITY = {
 """Mapped one by one in `KafkaConf.spark_options`."""
 
 
+LIBRDKAFKA_LOG = logging.getLogger("cairn.kafka.librdkafka")
+"""Where every Kafka client Cairn makes sends librdkafka's own log lines (its `logger`
+setting), instead of printing them raw on stderr: Airflow's task logs, the CLI's handlers."""
+
+
 class KafkaConfigError(PermanentError):
     """A Kafka setting Cairn cannot use or cannot carry to the Spark job's Java client."""
 
@@ -147,9 +153,10 @@ class KafkaConf:
             return cls.from_bootstrap(environ[BOOTSTRAP_VARIABLE], f"${BOOTSTRAP_VARIABLE}")
         return None
 
-    def to_env(self) -> dict[str, str]:
-        """Environment for a process that needs this configuration (the Spark job)."""
-        return {ENV_VARIABLE: json.dumps({"label": self.label, "config": self._settings})}
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The librdkafka settings, as given (secrets included: keep them out of messages)."""
+        return dict(self._settings)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -172,9 +179,10 @@ class KafkaConf:
         return KafkaConf({**self._settings, "log_level": 0}, self.label)
 
     def client_config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """confluent-kafka configuration: the settings, minus what Cairn sets, plus `overrides`."""
+        """confluent-kafka configuration: the settings, minus what Cairn sets, plus `overrides`;
+        librdkafka's log lines go through Python's logging (`LIBRDKAFKA_LOG`)."""
         mine = {k: v for k, v in self._settings.items() if k not in SET_BY_CAIRN}
-        return {**mine, **(overrides or {})}
+        return {**mine, "logger": LIBRDKAFKA_LOG, **(overrides or {})}
 
     def spark_options(self) -> dict[str, str]:
         """The Spark Kafka source's `kafka.*` options for the same cluster and identity.

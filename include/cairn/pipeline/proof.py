@@ -70,7 +70,10 @@ class Proof(BaseModel):
 
 def write_proof(storage: Storage, cfg: TopicConfig, proof: Proof) -> str:
     """Store the proof in the date folder (`_SEALED`): the last step of a seal."""
-    key = proof_key(cfg.topic, date_folder(cfg.path_format, proof.date))
+    folder = date_folder(cfg.path_format, proof.date)
+    if folder is None:
+        raise ValueError(f"{cfg.label}: path_format {cfg.path_format!r} has no date folder")
+    key = proof_key(cfg.topic_name, folder)
     stamped = proof.model_copy(update={"sealed_at": datetime.now(UTC)})
     storage.write(key, stamped.model_dump_json(indent=2).encode())
     return key
@@ -78,12 +81,13 @@ def write_proof(storage: Storage, cfg: TopicConfig, proof: Proof) -> str:
 
 def mark_expired(storage: Storage, cfg: TopicConfig, day: date, snapshot_id: int) -> bool:
     """Record in `day`'s proof that its table snapshot was expired, if it names that one."""
-    proof = read_proof(storage, cfg, day)
-    if proof is None or proof.snapshot_id != snapshot_id or proof.snapshot_expired_at:
+    proof, folder = read_proof(storage, cfg, day), date_folder(cfg.path_format, day)
+    if proof is None or folder is None:
+        return False
+    if proof.snapshot_id != snapshot_id or proof.snapshot_expired_at:
         return False
     marked = proof.model_copy(update={"snapshot_expired_at": datetime.now(UTC)})
-    key = proof_key(cfg.topic, date_folder(cfg.path_format, day))
-    storage.write(key, marked.model_dump_json(indent=2).encode())
+    storage.write(proof_key(cfg.topic_name, folder), marked.model_dump_json(indent=2).encode())
     return True
 
 
@@ -93,7 +97,7 @@ def read_proof(storage: Storage, cfg: TopicConfig, day: date) -> Proof | None:
     if folder is None:
         return None
     try:
-        return Proof.model_validate_json(storage.read(proof_key(cfg.topic, folder)))
+        return Proof.model_validate_json(storage.read(proof_key(cfg.topic_name, folder)))
     except (FileNotFoundError, ValidationError, ValueError):
         return None
 

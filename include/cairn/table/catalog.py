@@ -110,7 +110,7 @@ class Catalog(BaseModel):
 
 
 def connection_extra(catalog: Catalog) -> dict[str, Any]:
-    """The catalog as an Airflow connection's extra (`plugins/cairn_catalog.py`), secrets as
+    """The catalog as an Airflow connection's extra (`cairn_airflow.hooks.catalog`), secrets as
     they are: its login and password go in the connection's own fields."""
     extra = catalog.model_dump(mode="json", exclude={"user", "password", "s3"}, exclude_none=True)
     if catalog.s3 is not None:

@@ -2,8 +2,8 @@
 mounts at `/cairn`, and a nav entry that shows it inside the UI (`/plugin/cairn`).
 
 - `/cairn/` lists every configured topic (`/cairn` redirects there), with the cause of its
-  last archive run if that failed on an error a retry cannot heal (`cairn_failures`), and every
-  mistake in the topics files (file, line, entry, field) as a misconfigured topic;
+  last archive run if that failed on an error a retry cannot heal (`cairn_airflow.failures`),
+  and every mistake in the topics files (file, line, entry, field) as a misconfigured topic;
   `/cairn/topics/<topic>` shows one topic. Both render server-side HTML from
   `cairn.views.overview` (the archive's own records) plus the Airflow runs' states; nothing
   runs in the browser.
@@ -31,7 +31,7 @@ import logging
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -39,7 +39,6 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
 from airflow.models.dagrun import DagRun
 from airflow.models.xcom import XComModel
-from airflow.plugins_manager import AirflowPlugin
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -51,11 +50,18 @@ from sqlalchemy import select
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
+from cairn.pipeline import run_record
 from cairn.topics_file import TopicConfigError
-from cairn.views import metrics, overview, prometheus, status
-from cairn_connections import storage
-from cairn_dags import DISCOVERY_DELAY, configured_topics, patterns, topic_yaml, topics_loaded
-from cairn_failures import CAUSE_KEY
+from cairn.views import metrics, overview, prometheus
+from cairn_airflow.dag_topics import (
+    DISCOVERY_DELAY,
+    configured_topics,
+    patterns,
+    topic_yaml,
+    topics_loaded,
+)
+from cairn_airflow.failures import CAUSE_KEY
+from cairn_airflow.hooks.connections import storage
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,7 @@ PREFIX = "/cairn"
 RUNS_SHOWN = 10
 
 _templates = Environment(
-    loader=FileSystemLoader(Path(__file__).parent / "cairn_pages"),
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=select_autoescape(["html"]),
     trim_blocks=True,
     lstrip_blocks=True,
@@ -188,7 +194,7 @@ def prometheus_metrics(reader: Annotated[BaseUser | None, Depends(metrics_reader
     found = metrics.config_samples(topics_loaded())
     for cfg in readable_topics(reader):
         try:
-            found += metrics.samples(status.topic_status(storage(cfg), cfg.topic))
+            found += metrics.samples(run_record.topic_status(storage(cfg), cfg.topic))
         except Exception:  # a scrape still serves the other topics
             log.warning("metrics of topic %s unavailable", cfg.topic, exc_info=True)
     return Response(prometheus.exposition(found), media_type=prometheus.CONTENT_TYPE)
@@ -206,7 +212,7 @@ def latest_runs(dag_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 def last_failure(dag_id: str) -> str | None:
     """Why the DAG's newest finished run failed, if it failed on an error a retry cannot heal
-    (the cause `cairn_failures.fail_fast` kept); None once a later run succeeded."""
+    (the cause `cairn_airflow.failures.fail_fast` kept); None once a later run succeeded."""
     finished = DagRun.state.in_((DagRunState.SUCCESS, DagRunState.FAILED))
     newest = select(DagRun.id, DagRun.state).where(DagRun.dag_id == dag_id, finished)
     with create_session() as session:
@@ -302,18 +308,3 @@ class PrefixSlash:
             await RedirectResponse(target, status_code=307)(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-class CairnOverviewPlugin(AirflowPlugin):
-    name = "cairn_overview"
-    fastapi_apps: ClassVar = [{"app": app, "url_prefix": PREFIX, "name": "Cairn overview"}]
-    fastapi_root_middlewares: ClassVar = [{"middleware": PrefixSlash, "name": "Cairn /cairn/"}]
-    external_views: ClassVar = [
-        {
-            "name": "Cairn",
-            "href": f"{PREFIX}/",
-            "url_route": "cairn",
-            "destination": "nav",
-            "nav_top_level": True,
-        }
-    ]

@@ -10,7 +10,7 @@ record not yet archived; 0 when planning finds nothing new). So a run is weighte
 topic's previous run left, the freshest figure that exists when the run is created; the weight is
 `priority_weight` plus whole minutes of lag (`cairn.schedule.lag_weight`).
 
-The rule must be registered by a plugin (this module's `CairnPriorityPlugin`) in every Airflow
+The rule must be registered by a plugin (`cairn_airflow.plugin.CairnPlugin`) in every Airflow
 process that serializes or schedules DAGs; a DAG naming an unregistered rule fails to import.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import Variable
 from airflow.task.priority_strategy import PriorityWeightStrategy
 
@@ -102,8 +101,3 @@ class TimeLagFirst(PriorityWeightStrategy):
 
 LAG_FIRST = f"{TimeLagFirst.__module__}.{TimeLagFirst.__qualname__}"
 """The rule as DAG files name it (`weight_rule=LAG_FIRST`): the path the plugin registers."""
-
-
-class CairnPriorityPlugin(AirflowPlugin):
-    name = "cairn_priority"
-    priority_weight_strategies = [TimeLagFirst]  # noqa: RUF012 (Airflow reads a plain list)

@@ -17,7 +17,7 @@ from airflow.sdk import Variable
 
 from cairn.config import TopicConfig
 from cairn.storage.objects import Storage
-from cairn_connections import storage
+from cairn_airflow.hooks.connections import storage
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""PySpark's Python worker daemon as Cairn's Spark Connect servers run it
-(`spark.python.daemon.module`, set by `cairn_stack.services` and docker-compose.yml): the same
+"""PySpark's Python worker daemon as the local stack's Spark Connect server runs it
+(`spark.python.daemon.module`, set by `cairn_stack.services`): the same
 daemon and workers, except that a worker re-reads a zip archive on its path only when it changed.
 
 A worker calls `importlib.invalidate_caches()` as each task starts, for files a job may have

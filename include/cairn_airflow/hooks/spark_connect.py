@@ -1,13 +1,19 @@
-"""How a run holds a Spark Connect session: it joins the server's one Cairn session, tags its
-work, and leaves the session open for the next run.
+"""How a run holds a Spark Connect session: it joins the server's session of its code
+version, ships that code to it, tags its work, and leaves the session open for the next run.
+
+The server needs nothing of Cairn: each run adds this deployment's code artifact
+(`cairn_airflow.spark_artifact`) to its session (`addArtifacts`, a Python file of the
+session: its executors' Python workers import `cairn` from it). The session's id is derived from
+the artifact's digest, so runs of one version share a session, and two deployments of different
+versions on one server never mix their code: each has its own session and artifacts. Adding the
+same artifact to a session again is a no-op on the server (one small upload).
 
 A session per run cost every run about a second: Spark 4.0 starts a Python worker daemon per
 session, whose workers import `cairn` again, and never stops it (SPARK-54055). Runs of one
-shared session reuse its warm workers. The session's id is derived from the `cairn` code the
-workers import, so after an upgrade runs join a new session whose workers import the new code;
-the old one idles out. Each run tags its work (`addTag`), so a killed task interrupts its own
-work only, never another run's. Runs also share the session's SQL settings: a job may set only
-settings every run wants alike (the archive job's Arrow batch limits).
+shared session reuse its warm workers; after an upgrade runs join a new session and the old one
+idles out. Each run tags its work (`addTag`), so a killed task interrupts its own work only,
+never another run's. Runs also share the session's SQL settings: a job may set only settings
+every run wants alike (the archive job's Arrow batch limits).
 
 A session the server has closed (released, or idle for longer than the server's
 `spark.connect.session.manager.defaultSessionTimeout`) is refused until the server restarts.
@@ -18,17 +24,14 @@ stopped. No Airflow here: the benchmarks run jobs exactly as the operator does.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import logging
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import cairn
+from cairn_airflow.spark_artifact import Artifact
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +42,9 @@ SESSION_CLOSED = "INVALID_HANDLE.SESSION_CLOSED"
 _NAMESPACE = uuid.UUID("5f2c6f0e-4f7a-4d59-9a8e-0c2b9d6c1a47")
 
 
-def code_session_id(package: Path) -> str:
-    """A session id that is a digest of a package's source files: a change of code is a new
-    session, with new Python workers."""
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
-    return str(uuid.uuid5(_NAMESPACE, digest.hexdigest()))
-
-
-@functools.cache
-def shared_session_id() -> str:
-    """The shared session's id, from the `cairn` code the server's Python workers import."""
-    return code_session_id(Path(cairn.__file__).parent)
+def session_id(artifact: Artifact) -> str:
+    """The id of the session that runs `artifact`'s code."""
+    return str(uuid.uuid5(_NAMESPACE, artifact.digest))
 
 
 def with_session_id(url: str, session_id: str) -> str:
@@ -118,16 +111,17 @@ def stop_daemon(spark: Any) -> None:
     spark.range(0, 1, 1, 1).mapInArrow(ask_to_exit, "id long").collect()
 
 
-def _join(url: str) -> tuple[Any, bool]:
-    """The shared session if the server still has it open, else a session of its own."""
+def _join(url: str, artifact: Artifact) -> tuple[Any, bool]:
+    """The version's shared session if the server still has it open, else a session of its
+    own; either way with the version's code added."""
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
-    session_id = shared_session_id()
-    session = SparkSession.builder.remote(with_session_id(url, session_id)).create()
+    shared_id = session_id(artifact)
+    session = SparkSession.builder.remote(with_session_id(url, shared_id)).create()
     try:
         # the first call to the server: a closed session is refused here
-        log.info("Spark Connect: Spark %s, session %s", session.version, session_id)
+        log.info("Spark Connect: Spark %s, session %s", session.version, shared_id)
     except PySparkException as err:
         if err.getCondition() != SESSION_CLOSED:
             raise
@@ -137,9 +131,12 @@ def _join(url: str) -> tuple[Any, bool]:
             "Spark Connect: the shared session %s is closed (idle past the server's "
             "spark.connect.session.manager.defaultSessionTimeout?); this run uses a session "
             "of its own, as every run will until the server restarts",
-            session_id,
+            shared_id,
         )
-        return SparkSession.builder.remote(url).create(), False
+        session = SparkSession.builder.remote(url).create()
+        session.addArtifacts(str(artifact.path), pyfile=True)
+        return session, False
+    session.addArtifacts(str(artifact.path), pyfile=True)
     return session, True
 
 
@@ -162,11 +159,12 @@ def connect_mark_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def connect_session(url: str) -> Iterator[Connected]:
-    """A session of the Spark Connect server at `url` for one run, let go (`Connected.end`)
-    after the block, with the process's Connect mark put back (`connect_mark_kept`)."""
+def connect_session(url: str, artifact: Artifact) -> Iterator[Connected]:
+    """A session of the Spark Connect server at `url` for one run of `artifact`'s code, let go
+    (`Connected.end`) after the block, with the process's Connect mark put back
+    (`connect_mark_kept`)."""
     with connect_mark_kept():
-        session, shared = _join(url)
+        session, shared = _join(url, artifact)
         connected = Connected(session, f"cairn-run-{uuid.uuid4().hex}", shared)
         session.addTag(connected.tag)
         try:

@@ -13,15 +13,19 @@ from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk import BaseHook
+from airflow.sdk.configuration import conf
 
 from cairn.config import TopicConfig
 from cairn.formats import registry_ids
 from cairn.formats.avro import registry_config
+from cairn.jobs import LocalStorageOnCluster
 from cairn.kafka.connection import KafkaConf, KafkaConfigError
 from cairn.storage.objects import Storage
 from cairn.storage.s3_access import ConnectionMissing, connection_options
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
+LOCAL_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
+"""Executors that run every task on the scheduler's machine: only they can share a local root."""
 
 
 def kafka_conf() -> KafkaConf:
@@ -56,7 +60,16 @@ def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, A
 
 
 def storage(cfg: TopicConfig) -> Storage:
-    """The topic's archive root, with its connection's credentials."""
+    """The topic's archive root, with its connection's credentials; a local folder only where
+    every task runs on this machine (`LocalStorageOnCluster` otherwise)."""
+    executor = conf.get("core", "executor", fallback="LocalExecutor")
+    distributed = [e for e in executor.split(",") if e.rsplit(".", 1)[-1] not in LOCAL_EXECUTORS]
+    if cfg.root.scheme == "file" and distributed:
+        raise LocalStorageOnCluster(
+            f"{cfg.label}: archive root {cfg.archive_root} is a local folder, but Airflow runs "
+            f"tasks with {distributed[0].strip()}, whose workers may be on other machines and "
+            "each would see its own folder: use an s3:// root (README, Running on your cluster)"
+        )
     return Storage(cfg.root.storage_url, **storage_options(cfg))
 
 
