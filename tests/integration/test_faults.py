@@ -61,6 +61,7 @@ from tests.leftovers import staging, table_leftovers, unnamed_data_files
 SEEDS = [int(s) for s in os.environ.get("CAIRN_FAULT_SEEDS", "20261125").split(",")]
 STEPS = int(os.environ.get("CAIRN_FAULT_STEPS", "100"))
 S3_STEPS = int(os.environ.get("CAIRN_FAULT_S3_STEPS", "40"))  # each step costs more requests
+CLUSTER_STEPS = int(os.environ.get("CAIRN_FAULT_CLUSTER_STEPS", "12"))  # each job goes over RPC
 PARTITIONS, MAX_PARTITIONS = 2, 3
 CONFIGS = (  # the "fixes": Tokyo moves evening events to the next date; generations 1, 2, 10
     "",
@@ -265,6 +266,8 @@ class Scenario:
     latest: bool
     catalog: IcebergCatalog
     table: TableTarget
+    table_options: dict = field(default_factory=dict)
+    """What the seal job's executors reach the table's location with (S3: its fsspec options)."""
     cfg_index: int = 0
     produced: int = 0
     skipped: set | None = None
@@ -281,6 +284,9 @@ class Scenario:
     @property
     def storage(self) -> Storage:
         return self.archiver.storage(self.cfg)
+
+    def seal_job(self, chosen: seal.Selection) -> None:
+        seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, self.table_options)
 
     def hooked(self) -> Hooked:
         return Hooked(self.cfg.root.storage_url, **self.archiver.options)
@@ -535,7 +541,7 @@ class Scenario:
             chosen = seal.select(self.storage, self.cfg, days[0], "sealing", self.table)
             if chosen is None:
                 return f"seal {days[0]}: nothing"
-            seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, {})
+            self.seal_job(chosen)
             seal.finish_seal(self.storage, self.cfg, chosen, self.catalog)
         except (commit.Conflict, commit.Fenced) as err:
             return f"seal {days[0]}: {type(err).__name__}"
@@ -555,7 +561,7 @@ class Scenario:
                 return f"interrupted seal {days[0]}: nothing"
             if at == "select":
                 self.interfere(what)
-            seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, {})
+            self.seal_job(chosen)
             if at == "spark":
                 self.interfere(what)
             hooked = self.hooked()
@@ -627,7 +633,7 @@ class Scenario:
         for day in self._dates():
             chosen = seal.select(self.storage, self.cfg, day, "final", self.table)
             if chosen is not None:
-                seal_job(self.archiver.spark, chosen, self.cfg, self.archiver.options, {})
+                self.seal_job(chosen)
                 seal.finish_seal(self.storage, self.cfg, chosen, self.catalog)
         table = self.catalog.load_table(self.table.identifier) if self.sealed_any() else None
         for day in self._dates() if table is not None else []:
@@ -675,31 +681,69 @@ def test_random_faults_never_lose_or_double_a_record(
     postgres,
     tmp_path,
 ) -> None:
-    create_topic(kafka, topic_name, partitions=PARTITIONS)
-    url, steps = None, STEPS
+    url, steps, warehouse = None, STEPS, tmp_path / "warehouse"
     if root == "s3":  # the same kind of sequence on the real S3 server, shorter
         archiver = Archiver(archiver.spark, kafka, request.getfixturevalue("s3"))
         url = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/faults-{topic_name}"
         steps = S3_STEPS
-    extra = (
-        f"max_records_per_partition: 15\naccept_gaps: true\nnew_partition_start: {start}\n"
-        "reseal_files: 1\n"
-    )
-    cfgs = [make_cfg(topic_name, extra + c, root=url) for c in CONFIGS]
-    rng = random.Random(f"{seed}-{root}-{start}")
-    warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
     stack_catalog = services.iceberg_catalog(
         postgres, warehouse.as_uri(), name=f"f{uuid.uuid4().hex[:8]}"
     )
+    cfgs = fault_configs(make_cfg, topic_name, start, url)
+    random_faults(f"{seed}-{root}-{start}", archiver, kafka, cfgs, stack_catalog, steps)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_faults_on_the_cluster_never_lose_or_double_a_record(
+    seed, kafka, s3, on_the_cluster, make_cfg, topic_name, stack_settings, postgres
+) -> None:
+    """The same sequences, shorter, with every Spark job on the standalone cluster through its
+    Connect server: executors in other processes with nothing of Cairn but the code each session
+    ships, the archive and the table's warehouse on S3."""
+    url = f"s3://{stack_settings.s3_conn_id}@{stack_settings.bucket}/faults-cluster-{topic_name}"
+    stack_catalog = services.iceberg_catalog(
+        postgres,
+        f"s3://{stack_settings.bucket}/faults-warehouse-{topic_name}",
+        name=f"f{uuid.uuid4().hex[:8]}",
+    )
+    cfgs = fault_configs(make_cfg, topic_name, "earliest", url)
+    archiver = Archiver(on_the_cluster, kafka, s3)
+    random_faults(f"{seed}-cluster", archiver, kafka, cfgs, stack_catalog, CLUSTER_STEPS)
+
+
+def fault_configs(make_cfg, topic_name: str, start: str, url: str | None) -> list[TopicConfig]:
+    """The topic's configurations a "config fix" moves between (CONFIGS), archived to `url`."""
+    extra = (
+        f"max_records_per_partition: 15\naccept_gaps: true\nnew_partition_start: {start}\n"
+        "reseal_files: 1\n"
+    )
+    return [make_cfg(topic_name, extra + c, root=url) for c in CONFIGS]
+
+
+def random_faults(
+    label: str,
+    archiver: Archiver,
+    kafka: str,
+    cfgs: list[TopicConfig],
+    stack_catalog,
+    steps: int,
+) -> None:
+    """`steps` random steps seeded by `label` on a fresh topic, then catch up, seal every
+    complete date again and sweep, checking the archive after each step and nothing left at
+    the end; a failure names `label`, the step and the history to replay it."""
+    topic_name = cfgs[0].topic_name
+    create_topic(kafka, topic_name, partitions=PARTITIONS)
+    rng = random.Random(label)
     scenario = Scenario(
         rng,
         archiver,
         Kafka(kafka, topic_name),
         cfgs,
-        latest=start == "latest",
+        latest=cfgs[0].new_partition_start == "latest",
         catalog=iceberg.catalog_of(stack_catalog),
         table=iceberg.target(stack_catalog, topic_name),
+        table_options=iceberg.storage_options(stack_catalog),
     )
     ops, weights = zip(*OPS.items(), strict=True)
     done: Counter = Counter()
@@ -718,6 +762,6 @@ def test_random_faults_never_lose_or_double_a_record(
         scenario.check_nothing_left()
     except Exception as err:
         replay = "\n".join(scenario.history[-40:])
-        pytest.fail(f"seed {seed} ({root}, {start}) failed: {type(err).__name__}: {err}\n{replay}")
-    print(f"seed {seed} ({root}, {start}): {steps} steps, {len(scenario.kafka.records)} records")
+        pytest.fail(f"{label} failed: {type(err).__name__}: {err}\n{replay}")
+    print(f"{label}: {steps} steps, {len(scenario.kafka.records)} records")
     print(dict(done.most_common()))
