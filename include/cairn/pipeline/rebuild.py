@@ -47,6 +47,7 @@ from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWr
 from cairn.errors import PermanentError
 from cairn.formats import Registries
 from cairn.protocol import commit, leftovers
+from cairn.protocol.format_version import Versioned, naming
 from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.tokens import Rebuilt, Token
 from cairn.storage.layout import (
@@ -134,7 +135,7 @@ class RebuildResult(BaseModel):
     files: list[FileEntry] = Field(default_factory=list)
 
 
-class RebuildAttempt(BaseModel):
+class RebuildAttempt(Versioned):
     """What a rebuild's Spark job staged, source by source: its attempt manifest."""
 
     topic: str
@@ -202,7 +203,8 @@ def save_attempt(storage: Storage, chosen: Selection, results: list[RebuildResul
 
 def load_attempt(storage: Storage, key: str) -> RebuildAttempt:
     try:
-        return RebuildAttempt.model_validate_json(storage.read(key))
+        with naming(key):
+            return RebuildAttempt.model_validate_json(storage.read(key))
     except (ValidationError, ValueError) as err:
         raise VerificationFailed(f"rebuild manifest {key} is unreadable: {err}") from None
 

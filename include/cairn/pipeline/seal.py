@@ -83,6 +83,7 @@ from cairn.pipeline.proof import (
 )
 from cairn.pipeline.rebuild import day_versions
 from cairn.protocol import commit, leftovers, tokens
+from cairn.protocol.format_version import Versioned, naming
 from cairn.protocol.tokens import Sealed, Token
 from cairn.storage.layout import (
     DataFile,
@@ -185,7 +186,7 @@ class FolderResult(BaseModel):
     checksum: NonNegativeInt = 0
 
 
-class SealAttempt(BaseModel):
+class SealAttempt(Versioned):
     """What a seal's Spark job staged and counted: its attempt manifest."""
 
     topic: str
@@ -495,7 +496,8 @@ def save_attempt(storage: Storage, chosen: Selection, folders: list[FolderResult
 
 def load_attempt(storage: Storage, key: str) -> SealAttempt:
     try:
-        return SealAttempt.model_validate_json(storage.read(key))
+        with naming(key):
+            return SealAttempt.model_validate_json(storage.read(key))
     except (ValidationError, ValueError) as err:
         raise SealRefused(f"seal manifest {key} is unreadable: {err}") from None
 

@@ -62,10 +62,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.errors import PermanentError
 from cairn.protocol import tokens
+from cairn.protocol.format_version import Versioned, naming
 from cairn.protocol.tokens import Kind, Token
 from cairn.storage.layout import (
     attempt_prefix,
@@ -110,7 +111,7 @@ class Outside(BaseModel):
     folder: str
 
 
-class Claim(BaseModel):
+class Claim(Versioned):
     """One attempt's claim: planned from token `base_seq` (0: none) at position `base_offsets`."""
 
     topic: str
@@ -122,12 +123,12 @@ class Claim(BaseModel):
     run_id: str
     base_seq: NonNegativeInt
     base_created_at: datetime | None
-    base_offsets: dict[NonNegativeInt, NonNegativeInt] = {}
+    base_offsets: dict[NonNegativeInt, NonNegativeInt] = Field(default_factory=dict)
     created_at: datetime
     deadline: datetime | None = None
     """Its commit is refused after this (None: a claim made before Cairn recorded deadlines,
     `created_at` + `LIFETIME`)."""
-    outside: list[Outside] = []
+    outside: list[Outside] = Field(default_factory=list)
     withdrawn_at: datetime | None = None
     """Set when the attempt was found over (`cairn.protocol.leftovers`): it never commits."""
     withdrawn_because: str | None = None
@@ -194,7 +195,8 @@ def load_claim(storage: Storage, topic: str, attempt_id: str) -> Claim | None:
         return None
     key = claim_key(topic, _KIND[found[1]], int(found[2]), int(found[3]))
     try:
-        stored = Claim.model_validate(json.loads(storage.read(key))["claim"])
+        with naming(key):  # a newer format is never taken for absent: a sweep would remove it
+            stored = Claim.model_validate(json.loads(storage.read(key))["claim"])
     except (FileNotFoundError, ValueError, KeyError, TypeError, ValidationError):
         return None
     return stored if stored.attempt_id == attempt_id else None

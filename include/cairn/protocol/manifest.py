@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationEr
 
 from cairn.datafiles.file_entry import FileEntry
 from cairn.errors import PermanentError
+from cairn.protocol.format_version import Versioned, naming
 from cairn.protocol.tokens import Counts, Gap
 from cairn.storage.layout import data_prefixes, manifest_key, parse_data_key
 from cairn.storage.objects import Storage
@@ -29,7 +30,7 @@ class CorruptManifest(PermanentError):
     """A manifest object is unreadable."""
 
 
-class Manifest(BaseModel):
+class Manifest(Versioned):
     """`ranges` are the planned `[start, end)`; `records_read` is what Spark got from Kafka."""
 
     topic: str
@@ -61,7 +62,8 @@ def save(storage: Storage, manifest: Manifest) -> str:
 
 def load(storage: Storage, key: str) -> Manifest:
     try:
-        return Manifest.model_validate_json(storage.read(key))
+        with naming(key):
+            return Manifest.model_validate_json(storage.read(key))
     except (ValidationError, ValueError) as err:
         raise CorruptManifest(f"manifest {key} is unreadable: {err}") from None
 

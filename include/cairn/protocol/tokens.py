@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.errors import PermanentError
+from cairn.protocol.format_version import Versioned, naming
 from cairn.storage.layout import chain_folder, link_seq, token_key
 from cairn.storage.objects import Storage
 
@@ -72,7 +73,7 @@ class Sealed(BaseModel):
     checksum: str
 
 
-class Token(BaseModel):
+class Token(Versioned):
     """One commit: the position after it, and what it did to the data folders.
 
     Partition keys are strings in JSON and ints here. `previous_offsets` is the position the
@@ -121,7 +122,8 @@ def read(storage: Storage, topic: str, seq: int) -> Token | None:
     except FileNotFoundError:
         return None
     try:
-        token = Token.model_validate_json(raw)
+        with naming(key):
+            token = Token.model_validate_json(raw)
     except (ValidationError, ValueError) as err:
         raise CorruptToken(f"token {key} is unreadable: {err}") from None
     if token.topic != topic or token.seq != seq:
