@@ -51,10 +51,12 @@ class FsspecStore(Backend):
         except FileNotFoundError:
             return {}
         start = len(self.root) + 1
-        return {  # `find` may answer a folder whose objects are gone (SeaweedFS) with itself
+        # `find` may answer a folder whose objects are gone (SeaweedFS) with itself, and lists
+        # the empty `folder/` markers some writers make (Hadoop's S3A) as files: neither is one.
+        return {
             path[start:]: info
             for path, info in sorted(found.items())
-            if path.startswith(self.root + "/") and info["type"] == "file"
+            if path.startswith(self.root + "/") and info["type"] == "file" and path[-1] != "/"
         }
 
     def children(self, folder: str) -> list[str]:
