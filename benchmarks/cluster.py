@@ -1,6 +1,8 @@
-"""Cairn's archive and seal on a two-worker Spark standalone cluster beside `local[4]`, on the
-same machine and the same data, in one sitting; and the one-time cost of shipping Cairn's code
-to the cluster (issue #29's numbers).
+"""Archive and seal on a two-worker Spark standalone cluster beside local[4]; shipping the code.
+
+Issue #29's numbers: on the same machine and the same data, in one sitting, Cairn's archive and
+seal on a standalone cluster and on `local[4]`, and the one-time cost of shipping Cairn's code
+to the cluster.
 
 Every job runs as the Airflow task runs it on a `spark_connect` connection: a client process
 runs `spark_jobs.main.run` with the job's typed input on `connect_session` (the session of the
@@ -407,6 +409,12 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         "it, and the executors fetch the zip and start new Python workers (Spark keys them by "
         "session) that import Cairn from it; the version's second run finds all of that",
     ]
+    if max(load) > (os.cpu_count() or 1):
+        notes.append(
+            f"others loaded the machine (1-minute load up to {max(load):.1f} on "
+            f"{os.cpu_count()} cores): each side got the share of the CPU its processes won, so "
+            "the walls and the ratios are not those of a quiet machine"
+        )
     command = "CAIRN_JOB_INPUT=<ArchiveInput JSON> " + " ".join(shown)
     return Result(
         records=args.records,
@@ -460,7 +468,7 @@ def print_result(r: Result) -> None:
         )
         archive.add_row(side.where, rounds, best, median, rate, *rss(side.archive_peak_mb))
     archive.add_row(
-        "cluster / local",
+        "cluster/local",
         "",
         f"{cluster.best / local.best:.2f}x",
         f"{cluster.median / local.median:.2f}x",
@@ -488,7 +496,7 @@ def print_result(r: Result) -> None:
             *rss(s.peak_rss_mb),
         )
     seal.add_row(
-        "cluster / local",
+        "cluster/local",
         "",
         f"{cluster.seal.job_seconds / local.seal.job_seconds:.2f}x",
         "",
