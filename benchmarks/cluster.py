@@ -22,9 +22,10 @@ archive root must be shared storage (`cairn.jobs.check_shared`).
    server-side copies, then sealed once on each server (select, the job, finish_seal:
    `seal_day.seal_date`), each into its own table of a private Iceberg JDBC catalog
    (PostgreSQL) whose warehouse is on the same S3.
-3. **Shipping the code**: on the cluster, `--ship-records` archived by the first run of a new
-   version of the code, then by its second run, and by the version the sitting ran all along;
-   the artifact's size and build time.
+3. **Shipping the code**: on the cluster, `--rounds` times, `--ship-records` (spread over the
+   partitions, so each run has tasks on both executors) archived by the first run of a new
+   version of the code, by its second run, and by the version the sitting ran all along; which
+   executors fetched the new version's artifact; the artifact's size and build time.
 
     .venv/bin/python benchmarks/cluster.py        # 1M records each, ~1 h on a quiet machine
     .venv/bin/python benchmarks/cluster.py --records 100000 --seal-records 50000 --rounds 1
@@ -87,9 +88,9 @@ from cairn.kafka.connection import KafkaConf
 from cairn.pipeline.rebuild import day_files
 from cairn.storage.objects import Storage
 from cairn_airflow import spark_artifact
+from cairn_airflow.hooks import spark_connect
 from cairn_stack import cluster as standalone
-from cairn_stack import services
-from cairn_stack.demo import create_topic
+from cairn_stack import demo, services
 from cairn_stack.process import free_port_block
 from cairn_stack.settings import StackSettings
 
@@ -140,6 +141,12 @@ def executors(state_dir: Path) -> str:
     return f"tasks run: {', '.join(ran)}"
 
 
+def executors_fetched(state_dir: Path, session: str) -> int:
+    """How many of the cluster's executors have fetched an artifact of `session`."""
+    logs = (state_dir / "spark").glob("worker-*/app-*/*/stderr")
+    return sum(f"/artifacts/{session}/" in log.read_text() for log in logs)
+
+
 def master_app(server: Server) -> str:
     """The Connect server's application as the cluster's master shows it."""
     ui = next(s.ports[1] for s in server.cluster if s.name == "spark-master")
@@ -173,7 +180,7 @@ class Sitting:
     def topic(self, name: str, records: int) -> str:
         """A fresh topic of `records` events, produced with ProducerPerformance."""
         topic = f"bench.{name}-{uuid.uuid4().hex[:8]}"
-        create_topic(self.bootstrap, topic, self.args.partitions)
+        demo.create_topic(self.bootstrap, topic, self.args.partitions)
         payloads, log = self.work / "payloads.jsonl", self.work / f"{name}-producer.log"
         produce(self.bootstrap, topic, records, payloads, log)
         return topic
@@ -295,29 +302,46 @@ class Shipping:
     build_seconds: float
     """`spark_artifact.build` into an empty folder."""
     records: int
-    first_seconds: float
-    """The first run of a new version: a new session."""
-    second_seconds: float
-    """The next run of that version, on the session the first one started."""
-    warm_seconds: float
-    """The same run on the session the whole sitting used."""
+    first_seconds: list[float]
+    """Each round's first run of a new version: a new session."""
+    second_seconds: list[float]
+    """Each round's next run of that version, on the session the first one started."""
+    warm_seconds: list[float]
+    """Each round's same run on the session the whole sitting used."""
+    fetched: list[tuple[int, int]]
+    """Each round's executors that had fetched the new version's artifact after its first and
+    after its second run."""
 
 
 def shipping_part(s: Sitting) -> Shipping:
-    """The artifact built into an empty folder; on the cluster, a small topic archived by the
-    first run of a new version of the code, by its second run, and by the sitting's version."""
+    """The artifact built into an empty folder; on the cluster, `--rounds` times, a small topic
+    archived by the first run of a new version of the code, by its second run, and by the
+    sitting's version."""
     start = time.perf_counter()
     roots = [Path(p.__file__).parent for p in spark_artifact.PACKAGES]
     built = spark_artifact.build(roots, s.work / "artifact")
     build_s = time.perf_counter() - start
     if built.digest != spark_artifact.code_artifact().digest:
         raise BenchError(f"{built.path.name} differs from {spark_artifact.code_artifact()}")
-    topic = s.topic("ship", s.args.ship_records)
-    new_version = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
-    walls = {}
-    for run, digest in (("first", new_version), ("second", new_version), ("warm", None)):
-        done = s.archive("cluster", topic, s.args.ship_records, f"ship-{run}", digest)
-        walls[run] = round(done.spark_seconds, 2)
+    # spread evenly (ProducerPerformance would fill one or two partitions with so few records),
+    # so every run has tasks on both executors: the first run meets the new version on each
+    topic, n = f"bench.ship-{uuid.uuid4().hex[:8]}", s.args.ship_records
+    demo.create_topic(s.bootstrap, topic, s.args.partitions)
+    lines = (s.work / "payloads.jsonl").read_bytes().split(b"\n")
+    for p in range(s.args.partitions):
+        values = [lines[i % len(lines)] for i in range(p, n, s.args.partitions)]
+        demo.produce(s.bootstrap, topic, values, partition=p)
+    walls: dict[str, list[float]] = {"first": [], "second": [], "warm": []}
+    fetched = []
+    for i in range(1, s.args.rounds + 1):
+        new_version = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+        session = spark_connect.session_id(spark_artifact.Artifact(built.path, new_version))
+        seen = []
+        for run, digest in (("first", new_version), ("second", new_version), ("warm", None)):
+            done = s.archive("cluster", topic, n, f"ship-{i}-{run}", digest)
+            walls[run].append(round(done.spark_seconds, 2))
+            seen.append(executors_fetched(s.work / "cluster", session))
+        fetched.append((seen[0], seen[1]))
     return Shipping(
         artifact=built.path.name,
         artifact_bytes=built.path.stat().st_size,
@@ -326,6 +350,7 @@ def shipping_part(s: Sitting) -> Shipping:
         first_seconds=walls["first"],
         second_seconds=walls["second"],
         warm_seconds=walls["warm"],
+        fetched=fetched,
     )
 
 
@@ -507,20 +532,33 @@ def print_result(r: Result) -> None:
 
     s = r.shipping
     ship = table(
-        f"Shipping the code to the cluster: {s.records:,} records archived, client start to "
-        f"exit; the artifact {s.artifact}: {s.artifact_bytes / 1024:,.0f} KiB, built in "
+        f"Shipping the code to the cluster: {s.records:,} records archived (spread over the "
+        f"partitions), client start to exit, {len(s.first_seconds)} round(s), each with a new "
+        f"version; the artifact {s.artifact}: {s.artifact_bytes / 1024:,.0f} KiB, built in "
         f"{s.build_seconds:.2f} s into an empty folder",
-        *("run", "wall (s)", "what it paid"),
+        *("run", "rounds (s)", "median (s)", "what it paid"),
     )
-    ship.columns[2].justify = "left"
-    ship.add_row(
-        "first run of a new version",
-        f"{s.first_seconds:.1f}",
-        "a new session, the artifact added, new Python workers importing Cairn",
-    )
-    ship.add_row("its second run", f"{s.second_seconds:.1f}", "reuses all of that")
-    ship.add_row("the sitting's version", f"{s.warm_seconds:.1f}", "its long-warm session")
-    ship.add_row("one-time cost", f"{s.first_seconds - s.second_seconds:.1f}", "first - second")
+    ship.columns[3].justify = "left"
+    first = ", ".join(str(a) for a, _ in s.fetched)
+    again = sum(b - a for a, b in s.fetched)
+    for name, walls, paid in (
+        (
+            "first run of a new version",
+            s.first_seconds,
+            f"a new session and artifact; executors fetching it: {first} (of {WORKERS})",
+        ),
+        (
+            "its second run",
+            s.second_seconds,
+            "reuses all of that"
+            + (f" (but {again} executor(s) fetched it only now)" if again else ""),
+        ),
+        ("the sitting's version", s.warm_seconds, "its long-warm session"),
+    ):
+        rounds = ", ".join(f"{w:.1f}" for w in walls)
+        ship.add_row(name, rounds, f"{statistics.median(walls):.1f}", paid)
+    cost = statistics.median(s.first_seconds) - statistics.median(s.second_seconds)
+    ship.add_row("one-time cost", "", f"{cost:.1f}", "median first - median second")
     out.print(ship)
 
     print_rows(
