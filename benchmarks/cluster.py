@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -88,7 +89,6 @@ from cairn.kafka.connection import KafkaConf
 from cairn.pipeline.rebuild import day_files
 from cairn.storage.objects import Storage
 from cairn_airflow import spark_artifact
-from cairn_airflow.hooks import spark_connect
 from cairn_stack import cluster as standalone
 from cairn_stack import demo, services
 from cairn_stack.process import free_port_block
@@ -100,6 +100,7 @@ WARM_RECORDS = 20_000
 """The warm-up run's topic, as archive_throughput.py --connect warms its server."""
 LATE_FRACTION, LATE_HOURS = 0.05, 6
 """The sealed date's late records, as seal_day.py's defaults."""
+FETCHED = re.compile(r"INFO Executor: Fetching \S+/artifacts/([0-9a-f-]+)/pyfiles/")
 SIDES = {"local": LOCAL, "cluster": f"standalone {WORKERS}x{SLOTS}"}
 """Where each side's tasks run: `local[4]`, or WORKERS workers of SLOTS task slots each."""
 
@@ -141,10 +142,13 @@ def executors(state_dir: Path) -> str:
     return f"tasks run: {', '.join(ran)}"
 
 
-def executors_fetched(state_dir: Path, session: str) -> int:
-    """How many of the cluster's executors have fetched an artifact of `session`."""
-    logs = (state_dir / "spark").glob("worker-*/app-*/*/stderr")
-    return sum(f"/artifacts/{session}/" in log.read_text() for log in logs)
+def fetched(state_dir: Path) -> set[tuple[Path, str]]:
+    """(executor log, server-side session) of every Python file an executor has fetched from a
+    Spark Connect session's artifacts (the server names them by its own session UUID)."""
+    found = set()
+    for log in (state_dir / "spark").glob("worker-*/app-*/*/stderr"):
+        found |= {(log, m) for m in FETCHED.findall(log.read_text(errors="replace"))}
+    return found
 
 
 def master_app(server: Server) -> str:
@@ -308,9 +312,9 @@ class Shipping:
     """Each round's next run of that version, on the session the first one started."""
     warm_seconds: list[float]
     """Each round's same run on the session the whole sitting used."""
-    fetched: list[tuple[int, int]]
-    """Each round's executors that had fetched the new version's artifact after its first and
-    after its second run."""
+    fetching: list[tuple[int, int]]
+    """Each round's executors that fetched an artifact during the new version's first run, and
+    during its second."""
 
 
 def shipping_part(s: Sitting) -> Shipping:
@@ -332,16 +336,17 @@ def shipping_part(s: Sitting) -> Shipping:
         values = [lines[i % len(lines)] for i in range(p, n, s.args.partitions)]
         demo.produce(s.bootstrap, topic, values, partition=p)
     walls: dict[str, list[float]] = {"first": [], "second": [], "warm": []}
-    fetched = []
+    fetching = []
     for i in range(1, s.args.rounds + 1):
         new_version = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
-        session = spark_connect.session_id(spark_artifact.Artifact(built.path, new_version))
-        seen = []
+        seen, before = [], fetched(s.work / "cluster")
         for run, digest in (("first", new_version), ("second", new_version), ("warm", None)):
             done = s.archive("cluster", topic, n, f"ship-{i}-{run}", digest)
             walls[run].append(round(done.spark_seconds, 2))
-            seen.append(executors_fetched(s.work / "cluster", session))
-        fetched.append((seen[0], seen[1]))
+            now = fetched(s.work / "cluster")
+            seen.append(len({log for log, _ in now - before}))
+            before = now
+        fetching.append((seen[0], seen[1]))
     return Shipping(
         artifact=built.path.name,
         artifact_bytes=built.path.stat().st_size,
@@ -350,7 +355,7 @@ def shipping_part(s: Sitting) -> Shipping:
         first_seconds=walls["first"],
         second_seconds=walls["second"],
         warm_seconds=walls["warm"],
-        fetched=fetched,
+        fetching=fetching,
     )
 
 
@@ -539,8 +544,8 @@ def print_result(r: Result) -> None:
         *("run", "rounds (s)", "median (s)", "what it paid"),
     )
     ship.columns[3].justify = "left"
-    first = ", ".join(str(a) for a, _ in s.fetched)
-    again = sum(b - a for a, b in s.fetched)
+    first = ", ".join(str(a) for a, _ in s.fetching)
+    again = sum(b for _, b in s.fetching)
     for name, walls, paid in (
         (
             "first run of a new version",
@@ -551,7 +556,7 @@ def print_result(r: Result) -> None:
             "its second run",
             s.second_seconds,
             "reuses all of that"
-            + (f" (but {again} executor(s) fetched it only now)" if again else ""),
+            + (f" (but {again} executor(s) fetched it only now)" if again else ", no fetch"),
         ),
         ("the sitting's version", s.warm_seconds, "its long-warm session"),
     ):
