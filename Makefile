@@ -12,8 +12,10 @@ CLUSTER_PY := .cairn/cluster-python
 demo: setup  ## start the stack and archive the demo topic end to end
 	$(BIN)/python -m cairn_stack demo
 
-test: setup chromium redis  ## the whole suite: unit tests, then integration tests against real services
+test: setup chromium redis  ## the whole suite: the checks, unit tests, then integration tests against real services
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 unit: setup
@@ -26,8 +28,10 @@ up: setup $(if $(CLUSTER),redis)
 down status: setup
 	$(BIN)/python -m cairn_stack $@
 
+# lint-imports checks the layers written down in pyproject.toml ([tool.importlinter]); mypy
+# type-checks the core ([tool.mypy]).
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/mypy
 
 setup: $(VENV)/.installed $(CLUSTER_PY)/.installed jars
 

@@ -49,11 +49,10 @@ from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES
 from cairn.jobs import ArchiveInput, to_env
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import archive_run
+from cairn.pipeline import archive_run, run_record
 from cairn.protocol import manifest
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
-from cairn.views import status
 from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack import services
 from cairn_stack.demo import create_topic
@@ -525,7 +524,7 @@ class Round:
     plan_clean_seconds: float
     verify_seconds: float
     commit_seconds: float
-    summary: status.RunRecord
+    summary: run_record.RunRecord
     storage: Storage
     task_seconds: list[float]
     load: list[float]
@@ -775,7 +774,7 @@ def backup_value_bytes(storage: Storage, attempt: manifest.Manifest) -> int:
     total = 0
     for entry in attempt.files:
         if entry.kind == "backup":
-            with storage.fs.open(storage.path(entry.key), "rb") as f:
+            with storage.open_read(entry.key) as f:
                 total += sum(len(r["value"] or b"") for r in fastavro.reader(f))
     return total
 

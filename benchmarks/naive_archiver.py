@@ -21,7 +21,8 @@ import fastavro
 from confluent_kafka import Consumer, TopicPartition
 
 from cairn.config import INCLUDE_DIR
-from cairn.datafiles.avro_file import BACKUP_SCHEMA, load_schema
+from cairn.datafiles.avro_file import BACKUP_SCHEMA
+from cairn.formats.base import load_schema
 
 
 def main(bootstrap: str, topic: str, out: Path) -> int:

@@ -54,12 +54,12 @@ from archive_throughput import (
 )
 
 from cairn.config import TopicConfig
+from cairn.datafiles.file_entry import FileEntry
 from cairn.jobs import RebuildInput, to_env
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run, rebuild
 from cairn.protocol import manifest, tokens
-from cairn.protocol.manifest import FileEntry
 from cairn.storage.objects import Storage
 from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack.demo import create_topic

@@ -48,10 +48,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import archive_run, completeness
+from cairn.pipeline import archive_run, completeness, run_record
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
-from cairn.views import status
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from cairn_stack.process import free_port_block
@@ -201,7 +200,7 @@ def spark_run(
     spark,
     options: dict,
     step: Step = lambda _, do: do(),
-) -> status.RunRecord | None:
+) -> run_record.RunRecord | None:
     """One run as the archive DAG drives it — plan, clean, the real Spark archive job on
     `spark`, verify, commit, complete — each through `step`; None if there was nothing to read."""
     sys.path.insert(0, str(REPO))  # the Spark job's module, as the tests import it

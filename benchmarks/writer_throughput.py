@@ -1,7 +1,7 @@
 """Where a Spark task's time goes: the Python side of one partition, in-process, no Kafka or Spark.
 
 Builds N records as the Arrow batches the archive job's JVM side hands to `mapInArrow`
-(`cairn.formats.fastpath.OUTPUT_COLUMNS`: coordinates, the backup datum, the partitioned datum and
+(`cairn.datafiles.fastpath.OUTPUT_COLUMNS`: coordinates, the backup datum, the partitioned datum and
 event time; same events as archive_throughput.py, picked at random like ProducerPerformance does;
 the datums are encoded here by fastavro, byte-identical to Spark's `to_avro`), then times, one after
 the other on the same data, the whole `write_partition` into an attempt's staging area
@@ -9,7 +9,7 @@ the other on the same data, the whole `write_partition` into an attempt's stagin
 every value and the batches go in whole (as the job hands them: Python assembles blocks per folder),
 the same record by record (`EncodedRecord`, the path a batch takes when it would evict files),
 and when the JVM parsed none (every value through the Python reference parser, as for a topic
-`cairn.formats.fastpath.gap` names or the records the fast path refuses).
+`cairn.datafiles.fastpath.gap` names or the records the fast path refuses).
 
     .venv/bin/python benchmarks/writer_throughput.py --records 100000 [--profile]
 """

@@ -1,5 +1,6 @@
-# One image for every Airflow component and for the Spark master and worker, so the Spark
-# driver (in Airflow) and its Python workers run the same Python, pyspark and project deps.
+# The image of every Airflow component. Its tasks are Spark clients: Spark Connect sessions, and
+# spark-submit drivers (Java, pyspark, the connector jars they ship) for the cluster of
+# compose/spark.Dockerfile, whose Python must be this one's version.
 # Build context: the repository root (see docker-compose.yml).
 
 # Spark's Kafka connector jars, fetched from Maven Central as `make jars` does.
@@ -11,8 +12,8 @@ RUN mvn --batch-mode --quiet -f /build/pom.xml dependency:copy-dependencies \
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
-# A headless JRE for spark-submit and the Spark daemons (Java 17 on Debian bookworm; Spark 4.0
-# also runs on 21, which is the default on newer Debian releases).
+# A headless JRE for spark-submit drivers (Java 17 on Debian bookworm; Spark 4.0 also runs on 21,
+# which is the default on newer Debian releases).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends default-jre-headless \
     && apt-get clean \

@@ -2,13 +2,13 @@
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
 in offset order (committed records only); the JVM encodes each record's backup datum and, where
-`cairn.formats.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those hand
-them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and quarantine
-files in the attempt's staging area (the Python parser takes the values the JVM did not); the driver
-gathers what was written into the attempt manifest. `run` takes the job's `ArchiveInput`
-(`cairn.jobs`; `spark_jobs.main` is the entry point): the plan arrives by reference (the claim
-object holds it), the Kafka settings (mapped to the Java client's by `cairn.kafka.connection`) and
-storage options with the input, never as arguments.
+`cairn.datafiles.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those
+hand them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and
+quarantine files in the attempt's staging area (the Python parser takes the values the JVM did
+not); the driver gathers what was written into the attempt manifest. `run` takes the job's
+`ArchiveInput` (`cairn.jobs`; `spark_jobs.main` is the entry point): the plan arrives by reference
+(the claim object holds it), the Kafka settings (mapped to the Java client's by
+`cairn.kafka.connection`) and storage options with the input, never as arguments.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from cairn.config import TopicConfig
+from cairn.datafiles import fastpath
 from cairn.datafiles.writer import PartitionResult, write_partition
-from cairn.formats import fastpath
 from cairn.jobs import ArchiveInput
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
-from cairn.pipeline.plan import kafka_assign_json, kafka_json_offsets
 from cairn.protocol import commit, manifest
+from cairn.protocol.plan import kafka_assign_json, kafka_json_offsets
 from cairn.storage.objects import Storage
 from spark_jobs.executors import guarded, requirements, translated
 
@@ -56,7 +56,7 @@ FETCH_OPTIONS = {
 
 def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
     """The Kafka source's records with their datums encoded in the JVM
-    (`cairn.formats.fastpath`)."""
+    (`cairn.datafiles.fastpath`)."""
     nonce = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
     for projection in fastpath.select(cfg, nonce):
         source = source.selectExpr(*projection)

@@ -9,6 +9,7 @@ integration"` runs only the fast unit tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -250,25 +251,52 @@ def cluster_settings(stack_settings: StackSettings, tmp_path_factory) -> StackSe
     )
 
 
+@contextlib.contextmanager
+def started(settings: StackSettings, them: list[services.Service]) -> Iterator[None]:
+    """`them` running for the block, stopped (in reverse) afterwards, whatever happened."""
+    running = []
+    try:
+        for service in them:
+            service.start(settings.start_timeout)
+            running.append(service)
+        yield
+    finally:
+        for service in reversed(running):
+            service.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(cluster_settings: StackSettings) -> Iterator[str]:
+    """The stack's Spark standalone cluster (a master, two workers whose executors run the
+    cluster's Python and cannot see the checkout) with its Spark Connect server; yields the
+    server's URL."""
+    settings = cluster_settings
+    with started(settings, [*cluster.spark_cluster(settings), services.spark_connect(settings)]):
+        yield settings.spark_connect_url
+
+
+@pytest.fixture
+def on_the_cluster(spark_cluster: str):
+    """A session on the cluster's Spark Connect server, held as a run holds it (its code version's
+    session, the code artifact added), let go afterwards."""
+    from cairn_airflow.hooks.spark_connect import connect_session
+    from cairn_airflow.spark_artifact import code_artifact
+
+    with connect_session(spark_cluster, code_artifact()) as connected:
+        yield connected.session
+
+
 @pytest.fixture(scope="session")
 def airflow(
-    cluster_settings: StackSettings, kafka: str, s3: dict, postgres: StackSettings
+    cluster_settings: StackSettings,
+    kafka: str,
+    s3: dict,
+    postgres: StackSettings,
+    spark_cluster: str,
 ) -> Iterator[AirflowAPI]:
     """Airflow 3 (api-server, scheduler, dag-processor and two Celery workers, on the session's
     PostgreSQL and Redis) whose Spark connections reach the stack's Spark standalone cluster:
     `cairn_spark` through its Spark Connect server, `cairn_spark_submit` by spark-submit."""
     settings = cluster_settings
-    started = []
-    try:
-        for service in [
-            cluster.redis(settings),
-            *cluster.spark_cluster(settings),
-            services.spark_connect(settings),
-            *services.airflow(settings),
-        ]:
-            service.start(settings.start_timeout)
-            started.append(service)
+    with started(settings, [cluster.redis(settings), *services.airflow(settings)]):
         yield AirflowAPI(settings)
-    finally:
-        for service in reversed(started):
-            service.stop()

@@ -29,9 +29,8 @@ from pydantic import (
 )
 
 from cairn.dag_ids import check_dag_topic
-from cairn.datafiles.avro_file import load_schema
 from cairn.formats import FORMATS, format_class
-from cairn.formats.base import EventTime, FieldError
+from cairn.formats.base import EventTime, FieldError, load_schema
 from cairn.schedule import spread
 from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, date_folder
 
@@ -353,6 +352,14 @@ class TopicConfig(BaseModel):
         if self.spread_schedule and self.topic is not None:
             return spread(self.schedule, self.topic)
         return self.schedule
+
+    @property
+    def topic_name(self) -> str:
+        """The topic of an entry resolved to one (`topics_file` resolves patterns before anything
+        runs); a ValueError for a pattern's entry, which names no topic."""
+        if self.topic is None:
+            raise ValueError(f"{self.label}: resolve the pattern to a topic first")
+        return self.topic
 
     @property
     def label(self) -> str:

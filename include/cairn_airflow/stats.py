@@ -11,16 +11,17 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.observability.stats import Stats
 
 from cairn.config import TopicConfig
-from cairn.views import metrics, status
+from cairn.pipeline import run_record
+from cairn.views import metrics
 from cairn_airflow.hooks.connections import storage
 
 log = logging.getLogger(__name__)
 
 
-def report_run(cfg: TopicConfig, seq: int) -> status.RunRecord | None:
+def report_run(cfg: TopicConfig, seq: int) -> run_record.RunRecord | None:
     """Send a committed run's metrics through Airflow's stats. Best effort: the run is committed
     whatever happens here."""
-    record = status.load(storage(cfg), cfg.topic, seq)
+    record = run_record.load(storage(cfg), cfg.topic, seq)
     if record is None:
         log.warning("topic %s: no status record for token %s; no metrics sent", cfg.topic, seq)
         return None

@@ -34,7 +34,7 @@ class AirflowAPI:
             | ({"Authorization": f"Bearer {self._token}"} if self._token else {}),
         )
         try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
+            with urllib.request.urlopen(request, timeout=90) as reply:
                 text = reply.read()
                 return json.loads(text) if text else None  # DELETE answers 204, no body
         except urllib.error.HTTPError as err:

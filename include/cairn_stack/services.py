@@ -588,6 +588,12 @@ PYTHON_DAEMON = {"spark.python.daemon.module": "cairn_stack.pyspark_daemon"}
 the workers' path as each task starts (`cairn_stack.pyspark_daemon`)."""
 
 
+def connect_name(settings: StackSettings) -> str:
+    """Each shape's Connect server has its own name, so its own pid file and log: one shape's
+    server running is never taken for the other's (the test suite runs both at once)."""
+    return "spark-connect-cluster" if settings.cluster else "spark-connect"
+
+
 def spark_connect(settings: StackSettings) -> Service:
     """A Spark Connect server on `host`: one long-lived Spark driver that archive, rebuild and
     seal runs use through Airflow's `spark_connect` connection, so a run starts no JVM; it has
@@ -617,7 +623,7 @@ def spark_connect(settings: StackSettings) -> Service:
     else:
         conf.update(PYTHON_DAEMON)
     return Service(
-        "spark-connect",
+        connect_name(settings),
         [
             *prefix,
             str(Path(sys.executable).parent / "spark-submit"),

@@ -112,9 +112,10 @@ class StackSettings(BaseSettings):
     spark_worker_ui_port: int = 8082
     """The first worker's web UI; worker i takes this port + i."""
     spark_workers: int = 2
-    spark_worker_cores: int = 3
+    spark_worker_cores: int = 4
     """Task slots each worker offers (more than its share of the cores: an archive task waits on
-    Kafka part of its time, as `local_master` explains)."""
+    Kafka part of its time, as `local_master` explains). Two workers' 8 slots hold the Spark
+    Connect server's share and two spark-submitted jobs at once (the Spark pool's 2 slots)."""
     spark_worker_memory: str = "3g"
     spark_connect_cores: int = 4
     """The Spark Connect server's share of the cluster's slots (`spark.cores.max`); the rest is

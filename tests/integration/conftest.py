@@ -18,12 +18,11 @@ import pytest
 from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import archive_run, rebuild
+from cairn.pipeline import archive_run, rebuild, run_record
 from cairn.protocol import rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
-from cairn.views import status
 from cairn_stack.settings import StackSettings
 from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
@@ -84,7 +83,7 @@ class Archiver:
         if not planned.plan.empty:
             archive(self.spark, planned, cfg, self.kafka, self.options, self.registries)
 
-    def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> status.RunRecord:
+    def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> run_record.RunRecord:
         report = archive_run.verify_run(self.storage(cfg), planned)
         return archive_run.commit_run(cfg, self.storage(cfg), planned, report, self.kafka)
 
@@ -110,7 +109,7 @@ class Archiver:
         state = cluster.fetch_topic(self.kafka, cfg.topic)
         return rewind.rewind(self.storage(cfg), cfg, state, **how)
 
-    def run(self, cfg: TopicConfig) -> status.RunRecord | None:
+    def run(self, cfg: TopicConfig) -> run_record.RunRecord | None:
         """One whole run; None when planning found nothing to do (no Spark, no token)."""
         planned = self.plan(cfg)
         if planned is None:

@@ -56,7 +56,7 @@ def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
     # and the published copies all carry it.
     bucket = stack_settings.bucket
     for key in storage.list():
-        head = storage.fs.call_s3("head_object", Bucket=bucket, Key=f"{E2E_PREFIX}/{key}")
+        head = storage.backend.fs.call_s3("head_object", Bucket=bucket, Key=f"{E2E_PREFIX}/{key}")
         assert head.get("ServerSideEncryption") == "AES256", key
 
     by_run = {t.run_id: t for t in committed}

@@ -51,8 +51,10 @@ def topic(stack_settings) -> TopicConfig:
 
 def encryption(storage: Storage, key: str) -> str | None:
     """The server-side encryption S3 reports for `key`."""
-    bucket, _, path = storage.path(key).partition("/")
-    return storage.fs.call_s3("head_object", Bucket=bucket, Key=path).get("ServerSideEncryption")
+    bucket, _, path = storage.backend.path(key).partition("/")
+    return storage.backend.fs.call_s3("head_object", Bucket=bucket, Key=path).get(
+        "ServerSideEncryption"
+    )
 
 
 def test_every_write_through_an_aws_connection_is_encrypted_on_the_server(
@@ -65,8 +67,8 @@ def test_every_write_through_an_aws_connection_is_encrypted_on_the_server(
     with pytest.raises(ObjectExists):
         storage.create("_tokens/orders/000000000001.json", b'{"seq": 2}')
     # The same upload `open_write` makes, with small parts so a multipart upload stays small.
-    small_parts = functools.partial(storage.fs.put_file, chunksize=MULTIPART_CHUNK)
-    monkeypatch.setattr(storage.fs, "put_file", small_parts)
+    small_parts = functools.partial(storage.backend.fs.put_file, chunksize=MULTIPART_CHUNK)
+    monkeypatch.setattr(storage.backend.fs, "put_file", small_parts)
     big = uuid.uuid4().bytes * (2 * MULTIPART_CHUNK // 16 + 1)
     with storage.open_write("streamed/big.avro") as out:
         out.write(big)
@@ -79,7 +81,9 @@ def test_every_write_through_an_aws_connection_is_encrypted_on_the_server(
     ]
     assert storage.read("_tokens/orders/000000000001.json") == b'{"seq": 1}'
     assert storage.read("streamed/big.avro") == big
-    assert storage.fs.info(storage.path("streamed/big.avro"))["ETag"].endswith('-3"')
+    assert storage.backend.fs.info(storage.backend.path("streamed/big.avro"))["ETag"].endswith(
+        '-3"'
+    )
     for key in storage.list():
         assert encryption(storage, key) == "AES256", key
 

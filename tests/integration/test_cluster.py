@@ -8,8 +8,10 @@ in the middle of a run, and the archive still holds every record exactly once.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -66,7 +68,7 @@ def task_instances(airflow, dag_id: str, run_id: str) -> dict[str, dict]:
 
 
 def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
-    airflow, cluster_settings
+    spark_cluster, cluster_settings
 ) -> None:
     """A session without Cairn's artifact finds no `cairn` on the executors, which run the
     cluster's Python, see empty code and topics folders, and sit on both workers; once the
@@ -96,7 +98,7 @@ def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
         return [json.loads(row.found) for row in rows]
 
     with connect_mark_kept():
-        bare = SparkSession.builder.remote(settings.spark_connect_url).create()
+        bare = SparkSession.builder.remote(spark_cluster).create()
         try:
             without = run(bare)
         finally:
@@ -108,7 +110,7 @@ def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
     assert workers == {"worker-1", "worker-2"}
 
     artifact = code_artifact()
-    with connect_session(settings.spark_connect_url, artifact) as connected:
+    with connect_session(spark_cluster, artifact) as connected:
         shipped = run(connected.session)
     assert {artifact.name in f["cairn"] for f in shipped} == {True}
 
@@ -183,7 +185,7 @@ def test_archive_rebuild_and_seal_run_on_the_cluster_through_airflow(
 
 
 def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
-    airflow, kafka, cluster_settings
+    airflow, kafka, cluster_settings, on_the_cluster
 ) -> None:
     """On the cluster's Spark Connect server the job refuses a local folder before any Spark
     work; through the distributed Airflow the run's first task already does, without retries,
@@ -195,12 +197,8 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
         kafka=KafkaConf.from_bootstrap(kafka).settings,
         kafka_label="the test broker",
     )
-    url = cluster_settings.spark_connect_url
-    with (
-        connect_session(url, code_artifact()) as connected,
-        pytest.raises(LocalStorageOnCluster) as refused,
-    ):
-        main.run(connected.session, job)
+    with pytest.raises(LocalStorageOnCluster) as refused:
+        main.run(on_the_cluster, job)
     assert str(refused.value).startswith(f"archive root {cfg.archive_root} is a local folder")
     assert cluster_settings.spark_cluster_url in str(refused.value)
 
@@ -218,10 +216,17 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
     assert "CeleryExecutor" in cause and "\n" not in cause
 
 
-def executor_tasks(settings: StackSettings, worker: int) -> int:
-    """Tasks the worker's executors have started (their logs' `Running task` lines)."""
-    folder = settings.state_dir / "spark" / f"worker-{worker}"
-    return sum(log.read_text().count("Running task") for log in folder.glob("app-*/*/stderr"))
+def running_tasks(settings: StackSettings, worker: int) -> set[str]:
+    """The tasks the worker's executors are running: started in their logs, not ended."""
+    running = set()
+    for log in (settings.state_dir / "spark" / f"worker-{worker}").glob("app-*/*/stderr"):
+        text = log.read_text()
+        started = set(re.findall(r"Running task \S+ in stage \S+ \(TID (\d+)\)", text))
+        ended = re.findall(
+            r"(?:Finished|killed|Exception in) task \S+ in stage \S+ \(TID (\d+)", text
+        )
+        running |= {f"{log.parent}:{tid}" for tid in started - set(ended)}
+    return running
 
 
 def spark_worker(settings: StackSettings, worker: int) -> services.Service:
@@ -269,10 +274,11 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     """Worker 2 and its executor die while the job's tasks run there: Spark runs them again on
     worker 1, and the run commits every record exactly once."""
     settings = cluster_settings
-    before = executor_tasks(settings, 2)
+    server_log = services.spark_connect(settings).log
+    lost_before = server_log.read_text().count("ExecutorLostFailure")
 
     def kill_worker_2(run_id: str) -> bool:
-        if executor_tasks(settings, 2) <= before:
+        if not running_tasks(settings, 2):
             return False
         os.killpg(spark_worker(settings, 2).pid(), signal.SIGKILL)
         return True
@@ -280,22 +286,40 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     _, runs = archive_while(airflow, kafka, 40_000, kill_worker_2)
 
     assert all(r["state"] == "success" for r in runs), runs
+    # the tasks it ran were lost with it, and run again on the other worker
+    assert server_log.read_text().count("ExecutorLostFailure") > lost_before
     contents = read_archive(archive_root(settings, s3), E2E_WORKERS)
     assert_exactly_once(contents, all_offsets(offsets_now(kafka)))
 
 
-def worker_processes(name: str) -> list[int]:
-    """Every process of the Celery worker `name` (its tasks' included), by its environment."""
-    mark = f"CAIRN_WORKER_NAME={name}".encode()
-    found = []
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (by parent pid), as they are now."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if mark in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, ValueError):
                 continue
-    return found
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return tree
+
+
+def kill_worker(settings: StackSettings, name: str) -> list[int]:
+    """SIGKILL the Celery worker `name` and every process it started (its tasks', Spark's
+    client included), as a machine that dies takes them all."""
+    (service,) = [s for s in cluster.celery_workers(settings, {}) if s.name == name]
+    pids = process_tree(service.pid())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retried_on_the_other(
@@ -319,8 +343,7 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
         if archive["state"] != "running" or archive["hostname"] not in names:
             return False
         killed.append(archive["hostname"])
-        for pid in worker_processes(archive["hostname"]):
-            os.kill(pid, signal.SIGKILL)
+        assert len(kill_worker(settings, archive["hostname"])) > 2  # the worker and its task
         return True
 
     run_id, runs = archive_while(airflow, kafka, 30_000, kill_the_archive_tasks_worker)

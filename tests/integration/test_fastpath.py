@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 
 from cairn.config import TopicConfig
+from cairn.datafiles import fastpath
 from cairn.datafiles.writer import KafkaRecord, PartitionResult, write_partition
-from cairn.formats import fastpath
 from cairn.formats.json import MAX_DEPTH
 from cairn.storage.objects import Storage
 from cairn.topics_file import load_topics

@@ -1,5 +1,6 @@
-"""The foundation under every later feature: Kafka ranges through Spark, the storage API on
-both kinds of archive root, and Airflow's metadata database."""
+"""The foundation under every later feature: Kafka ranges through Spark and Airflow's metadata
+database (the storage API's promises are `tests/storage_promises.py`, run on S3 by
+`test_storage_s3.py`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import os
 import uuid
 from pathlib import Path
 
-import pytest
-
-from cairn.storage.objects import ObjectExists, Storage
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from cairn_stack.process import free_port_block
@@ -38,88 +36,6 @@ def test_spark_reads_exactly_the_requested_offset_range(kafka: str, spark) -> No
 
     expected = [(0, i, f"p0-{i}") for i in range(10, 25)] + [(1, i, f"p1-{i}") for i in range(3)]
     assert got == expected  # ending offsets (25 and 3) are exclusive
-
-
-@pytest.fixture(params=["file", "s3"])
-def storage(request, tmp_path, stack_settings) -> Storage:
-    if request.param == "file":
-        return Storage(f"file://{tmp_path}/archive")
-    options = request.getfixturevalue("s3")
-    return Storage(f"s3://{stack_settings.bucket}/t-{uuid.uuid4().hex[:8]}", **options)
-
-
-def test_storage_write_read_list_delete(storage: Storage) -> None:
-    storage.write("backup/t/partition=0/a.avro", b"one")
-    storage.write("backup/t/partition=1/b.avro", b"two")
-    storage.write("backup/t/partition=0/a.avro", b"one again")
-
-    assert storage.read("backup/t/partition=0/a.avro") == b"one again"
-    assert storage.list("backup/t") == [
-        "backup/t/partition=0/a.avro",
-        "backup/t/partition=1/b.avro",
-    ]
-    assert storage.list("nothing/here") == []
-
-    storage.delete("backup/t/partition=0/a.avro")
-    storage.delete("backup/t/partition=0/a.avro")  # deleting twice is fine
-    assert storage.list() == ["backup/t/partition=1/b.avro"]
-
-
-def test_storage_lists_children_and_keys_after_a_bound(storage: Storage) -> None:
-    for offset in (0, 5, 12, 40):
-        storage.write(f"backup/t/partition=0/1_0_{offset:020d}.avro", b"x")
-    storage.write("backup/t/partition=0/sub/deeper.avro", b"x")
-
-    after = storage.list_after("backup/t/partition=0", f"1_0_{12:020d}")
-    assert after == [
-        f"backup/t/partition=0/1_0_{12:020d}.avro",
-        f"backup/t/partition=0/1_0_{40:020d}.avro",
-    ]  # only direct children, from the bound on
-    assert storage.children("backup/t/") == ["backup/t/partition=0/"]
-    assert storage.children("backup/t/partition=0/")[-1] == "backup/t/partition=0/sub/"
-    assert storage.list_after("nothing/here", "") == [] and storage.children("nothing/") == []
-
-
-def test_storage_moves_reads_heads_and_deletes_folders(storage: Storage) -> None:
-    storage.write("_attempts/t/a1/backup/t/partition=0/x.avro", b"0123456789")
-    staged = storage.child("_attempts/t/a1")
-    assert staged.read("backup/t/partition=0/x.avro") == b"0123456789"
-    assert storage.read_head("_attempts/t/a1/backup/t/partition=0/x.avro", 4) == b"0123"
-
-    storage.move("_attempts/t/a1/backup/t/partition=0/x.avro", "backup/t/partition=0/x.avro")
-    storage.move("_attempts/t/a1/backup/t/partition=0/x.avro", "backup/t/partition=0/x.avro")
-
-    assert storage.read("backup/t/partition=0/x.avro") == b"0123456789"
-    storage.write("_attempts/t/a1/other/y", b"y")
-    storage.delete_prefix("_attempts/t/a1/")
-    storage.delete_prefix("_attempts/t/a1/")  # twice is fine
-    assert storage.list() == ["backup/t/partition=0/x.avro"]
-    with pytest.raises(FileNotFoundError):
-        storage.move("_attempts/t/a2/missing", "backup/t/partition=0/missing.avro")
-
-
-def test_storage_create_is_atomic_create_if_absent(storage: Storage) -> None:
-    storage.create("_tokens/t/000000000001.json", b'{"seq": 1}')
-    with pytest.raises(ObjectExists):
-        storage.create("_tokens/t/000000000001.json", b'{"seq": "impostor"}')
-    assert storage.read("_tokens/t/000000000001.json") == b'{"seq": 1}'
-
-
-def test_storage_stream_failure_leaves_no_object(storage: Storage) -> None:
-    with pytest.raises(RuntimeError), storage.open_write("backup/t/partition=0/x.avro") as out:
-        out.write(b"partial" * 1000)
-        raise RuntimeError("writer crashed")
-    assert storage.list() == []
-
-    with storage.open_write("backup/t/partition=0/x.avro") as out:
-        out.write(b"whole")
-    assert storage.list() == ["backup/t/partition=0/x.avro"]
-
-
-def test_storage_refuses_keys_escaping_the_root(storage: Storage) -> None:
-    for key in ("../outside", "backup/../../x", "a//b", ""):
-        with pytest.raises(ValueError, match="invalid storage key"):
-            storage.write(key, b"x")
 
 
 def test_postgres_keeps_its_data_and_shuts_down_cleanly_with_a_client_connected(

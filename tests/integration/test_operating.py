@@ -9,9 +9,9 @@ import time
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cairn.pipeline import archive_run
+from cairn.pipeline import archive_run, run_record
 from cairn.protocol import commit
-from cairn.views import metrics, status
+from cairn.views import metrics
 from cairn_stack.demo import create_topic, produce
 from tests.integration.test_archive import fill
 
@@ -39,7 +39,7 @@ def test_each_commit_records_its_status_and_the_consumer_groups_offsets(
 
     assert first.consumer_group == f"cairn.{topic_name}" and first.consumer_group_error is None
     assert group_offsets(kafka, first.consumer_group, topic_name, 2) == {0: 5, 1: 5}
-    (record,) = status.recent(storage, topic_name)
+    (record,) = run_record.recent(storage, topic_name)
     assert (record.seq, record.counts.read, record.counts.quarantined) == (1, 10, 0)
     assert record.offset_lag == {0: 4, 1: 3} and record.next_offsets == {0: 5, 1: 5}
     assert record.time_lag_seconds > 0 and record.partition_time_lag_seconds[0] > 0
@@ -51,7 +51,7 @@ def test_each_commit_records_its_status_and_the_consumer_groups_offsets(
     archiver.run(cfg)  # reads the rest, the bad record among it
 
     assert group_offsets(kafka, first.consumer_group, topic_name, 2) == {0: 9, 1: 8}
-    newest = status.topic_status(storage, topic_name)
+    newest = run_record.topic_status(storage, topic_name)
     assert [r.seq for r in newest.recent] == [2, 1]
     assert newest.last.offset_lag == {0: 0, 1: 0} and newest.last.time_lag_seconds == 0
     assert (newest.last.counts.read, newest.last.counts.quarantined) == (7, 1)
@@ -82,7 +82,7 @@ def test_a_group_kafka_refuses_to_update_leaves_the_commit_standing(
     assert summary.consumer_group is None and group in summary.consumer_group_error
     storage = archiver.storage(cfg)
     assert commit.newest(storage, topic_name).next_offsets == {0: 4}
-    assert status.recent(storage, topic_name)[0].consumer_group_error is not None
+    assert run_record.recent(storage, topic_name)[0].consumer_group_error is not None
 
 
 def test_a_topic_can_keep_its_consumer_group_untouched(

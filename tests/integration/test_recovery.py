@@ -9,8 +9,8 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cairn.cli import main as cli
-from cairn.pipeline.plan import RetentionGap, TopicRecreated
 from cairn.protocol import commit, manifest, tokens
+from cairn.protocol.plan import RetentionGap, TopicRecreated
 from cairn_stack.demo import create_topic, produce
 from tests.integration.conftest import coords, read_archive
 from tests.integration.test_archive import NOW, event

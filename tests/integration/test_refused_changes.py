@@ -9,7 +9,7 @@ import pytest
 
 from cairn.errors import PermanentError
 from cairn.pipeline.archive_run import plan_run
-from cairn.pipeline.plan import ArchiveElsewhere
+from cairn.protocol.plan import ArchiveElsewhere
 from cairn.storage.objects import Storage
 from cairn_stack.demo import create_topic, produce
 from tests.integration.test_archive import NOW, event

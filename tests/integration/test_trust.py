@@ -22,8 +22,8 @@ from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.errors import PERMANENT_EXIT
 from cairn.jobs import ArchiveInput, to_env
 from cairn.pipeline import archive_run, rebuild
-from cairn.pipeline.plan import TopicRecreated
 from cairn.protocol import commit, tokens
+from cairn.protocol.plan import TopicRecreated
 from cairn.storage.layout import token_key
 from cairn.storage.objects import Storage
 from cairn_airflow.spark_artifact import code_artifact

@@ -12,8 +12,8 @@ import pytest
 from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.pipeline import archive_run
-from cairn.pipeline.plan import Plan
 from cairn.protocol import commit
+from cairn.protocol.plan import Plan
 from cairn.protocol.tokens import Kind, Token
 from cairn.storage.objects import Storage
 

@@ -11,11 +11,12 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from cairn.config import TopicConfig
-from cairn.views import metrics, status
+from cairn.pipeline import run_record
+from cairn.views import metrics
 from cairn_airflow import dag_topics
 from cairn_airflow import stats as airflow_stats
 from cairn_airflow.notifications import notifier
-from tests.unit.test_status import record
+from tests.unit.test_run_record import record
 
 
 class Recorder:
@@ -67,7 +68,7 @@ def test_report_run_sends_the_saved_record(stats, storage, monkeypatch) -> None:
     monkeypatch.setattr(airflow_stats, "_stats_take_tags", lambda: True)
     cfg = TopicConfig(topic="orders", format="raw")
     assert airflow_stats.report_run(cfg, 1) is None and stats.calls == []
-    status.save(storage, record(1))
+    run_record.save(storage, record(1))
     assert airflow_stats.report_run(cfg, 1).seq == 1
     assert any(call[1] == metrics.LAST_COMMIT for call in stats.calls)
 
@@ -96,9 +97,9 @@ def test_the_notifier_is_the_configured_callable(monkeypatch, tmp_path) -> None:
 def test_a_breach_fails_the_check_naming_topic_value_and_limit(storage, monkeypatch) -> None:
     monkeypatch.setattr(notifier, "storage", lambda cfg: storage)
     cfg = TopicConfig(topic="orders", format="raw", max_time_lag="1m")
-    status.save(storage, record(1, time_lag=0.0))
+    run_record.save(storage, record(1, time_lag=0.0))
     assert "within max_time_lag" in notifier.check_health(cfg)[0]
-    status.save(storage, record(2, time_lag=90.0))
+    run_record.save(storage, record(2, time_lag=90.0))
     with pytest.raises(AirflowFailException, match=r"'orders': time lag .* 90, over its limit 60"):
         notifier.check_health(cfg)
 

@@ -18,10 +18,10 @@ from airflow.sdk.exceptions import AirflowFailException
 from cairn.config import TopicConfig
 from cairn.jobs import ArchiveInput, from_env
 from cairn.kafka.cluster import TopicNotFound
-from cairn.pipeline.plan import Plan, RetentionGap, TopicRecreated
 from cairn.pipeline.rebuild import NoDates
 from cairn.protocol.commit import Conflict, Fenced
 from cairn.protocol.manifest import VerificationFailed
+from cairn.protocol.plan import Plan, RetentionGap, TopicRecreated
 from cairn.protocol.rewind import RewindRefused
 from cairn.topics_file import TopicNotConfigured
 from cairn_airflow import dag_topics, failures

@@ -16,7 +16,6 @@ from cairn.datafiles.avro_file import (
     AvroFileWriter,
     codec_available,
     deflate_block,
-    load_schema,
     millis,
 )
 from tests.unit.conftest import as_read
@@ -114,27 +113,6 @@ def test_quarantine_schema_is_backup_plus_reason():
     writer.close()
     buf.seek(0)
     assert list(fastavro.reader(buf)) == [as_read(record)]
-
-
-def test_load_schema(tmp_path):
-    good = tmp_path / "good.avsc"
-    good.write_text(json.dumps({"type": "record", "name": "R", "fields": []}))
-    assert load_schema(good)["name"] == "R"
-
-    cases = {
-        "missing.avsc": None,
-        "notjson.avsc": "{",
-        "enum.avsc": json.dumps({"type": "enum", "name": "E", "symbols": ["A"]}),
-        "nofields.avsc": json.dumps({"type": "record", "name": "R"}),
-        "badtype.avsc": json.dumps(
-            {"type": "record", "name": "R", "fields": [{"name": "a", "type": "Nope"}]}
-        ),
-    }
-    for name, text in cases.items():
-        if text is not None:
-            (tmp_path / name).write_text(text)
-        with pytest.raises(ValueError, match=name):
-            load_schema(tmp_path / name)
 
 
 def test_timestamps_are_timestamp_millis_and_files_of_the_old_schema_still_read():

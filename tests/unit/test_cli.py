@@ -13,12 +13,13 @@ from cairn.cli import main
 from cairn.cli.common import FOUND_PROBLEM, UNREACHABLE, USAGE, show_bytes
 from cairn.cli.error_lines import explain
 from cairn.config import TopicConfig
-from cairn.protocol.manifest import FileEntry, Manifest
+from cairn.datafiles.file_entry import FileEntry
+from cairn.protocol.manifest import Manifest
 from cairn.protocol.tokens import Token
+from cairn.replay import Range, parse_bound, plan_ranges
 from cairn.storage.layout import backup_key, manifest_key, token_key
 from cairn.storage.objects import Storage
 from cairn.views.finder import ArchiveIndex, NotArchived
-from cairn.views.replay import Range, parse_bound, plan_ranges
 from tests.unit.conftest import commit_next
 
 NOW = datetime(2026, 11, 23, 3, 0, tzinfo=UTC)

@@ -1,14 +1,16 @@
-"""docker-compose.yml, compose/airflow.Dockerfile and .env.example agree with StackSettings.
+"""docker-compose.yml, compose/airflow.Dockerfile, compose/spark.Dockerfile and .env.example agree
+with StackSettings and with the local stack's distributed shape (`cairn_stack.cluster`).
 
-There is no Docker here, so these checks are static: they catch the files drifting apart.
+There is no Docker engine here, so these checks are static: they catch the files drifting apart.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -17,30 +19,40 @@ from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionW
 
 from cairn.storage.s3_access import S3Settings
 from cairn.table.catalog import Catalog, connection_extra
+from cairn_stack import cluster
+from cairn_stack.cluster import celery_env, spark_master_url, worker_name
 from cairn_stack.services import (
     PYTHON_DAEMON,
     SERVER_JVM,
     SESSION_TIMEOUT,
+    airflow_env,
     iceberg_catalog,
     postgres_bin,
+    spark_connect,
 )
 from cairn_stack.settings import StackSettings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "compose" / "airflow.Dockerfile"
+SPARK_DOCKERFILE = REPO / "compose" / "spark.Dockerfile"
 ENV_EXAMPLE = REPO / ".env.example"
 
 # Declared defaults, not StackSettings(): CAIRN_* variables on this machine must not matter.
 DEFAULTS: dict[str, Any] = {name: f.default for name, f in StackSettings.model_fields.items()}
 
+# As many Celery workers and Spark workers as the local stack's distributed shape starts.
+AIRFLOW_WORKERS = tuple(worker_name(i) for i in range(1, DEFAULTS["celery_workers"] + 1))
 AIRFLOW_SERVICES = (
     "airflow-init",
     "airflow-apiserver",
     "airflow-scheduler",
     "airflow-dag-processor",
     "airflow-triggerer",
+    *AIRFLOW_WORKERS,
 )
+SPARK_WORKERS = tuple(f"spark-worker-{i}" for i in range(1, DEFAULTS["spark_workers"] + 1))
+SPARK_SERVICES = ("spark-master", *SPARK_WORKERS, "spark-connect")
 REQUIRED_SERVICES = {
     "kafka",
     "kafka-certs",
@@ -48,9 +60,8 @@ REQUIRED_SERVICES = {
     "seaweedfs",
     "create-bucket",
     "postgres",
-    "spark-master",
-    "spark-worker",
-    "spark-connect",
+    "redis",
+    *SPARK_SERVICES,
     *AIRFLOW_SERVICES,
 }
 # service -> [(settings field of its host port, port inside the container)]
@@ -98,6 +109,50 @@ def env(service: dict[str, Any]) -> dict[str, str]:
 def command(service: dict[str, Any]) -> str:
     cmd = service.get("command", "")
     return " ".join(cmd) if isinstance(cmd, list) else cmd
+
+
+def conf(argv: str) -> dict[str, str]:
+    """The `--conf key=value` pairs of a spark-submit command line."""
+    return dict(pair.split("=", 1) for pair in re.findall(r"--conf (\S+)", argv))
+
+
+def connections(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The service's `AIRFLOW_CONN_*` connections by their id, parsed."""
+    return {
+        k.removeprefix("AIRFLOW_CONN_").lower(): json.loads(v)
+        for k, v in env(service).items()
+        if k.startswith("AIRFLOW_CONN_")
+    }
+
+
+def dockerfile_stages(path: Path) -> list[list[tuple[str, str]]]:
+    """A Dockerfile's build stages, each its instructions as (INSTRUCTION, arguments), comments
+    dropped and continued lines joined."""
+    joined = re.sub(r"\\\n", " ", path.read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, args = line.partition(" ")
+        if word.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((word.upper(), " ".join(args.split())))
+    return stages
+
+
+def checkout_copies(stage: list[tuple[str, str]]) -> list[list[str]]:
+    """The stage's COPY instructions from the build context (not `--from` another stage or
+    image), each as its sources and destination."""
+    copies = [args.split() for word, args in stage if word == "COPY"]
+    return [c for c in copies if not c[0].startswith("--from")]
+
+
+def python_minor(image: str) -> str:
+    """`3.11` of `python:3.11-slim-bookworm` or `apache/airflow:3.3.2-python3.11`."""
+    found = re.search(r"(?:^python:|-python)(\d+\.\d+)", image)
+    assert found, image
+    return found.group(1)
 
 
 def env_example() -> dict[str, str]:
@@ -180,18 +235,100 @@ def test_kafka_has_the_stacks_secured_listener(compose, services):
     assert "--bootstrap-server kafka:19092" in scram and bound["PLAINTEXT"] == ":19092"
 
 
-def test_airflow_is_3_with_local_executor(services):
+def container_path(service: dict[str, Any], host: Path) -> PurePosixPath | None:
+    """Where the checkout's `host` folder is inside the service, through its bind mounts."""
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            root = (REPO / source).resolve()
+            if host == root or root in host.parents:
+                return PurePosixPath(target) / host.relative_to(root).as_posix()
+    return None
+
+
+def test_airflow_is_3_and_imports_cairn_from_the_checkout(services):
     base = re.search(r"^FROM\s+apache/airflow:(\S+)", DOCKERFILE.read_text(), re.MULTILINE)
     assert base, "compose/airflow.Dockerfile must build FROM apache/airflow"
     assert base.group(1).split(".")[0] == "3", base.group(1)
+    packages = {}
+    for package in ("cairn", "cairn_airflow", "spark_jobs"):
+        folder = Path(importlib.util.find_spec(package).origin).parent
+        assert REPO in folder.parents, package  # the checkout's, as compose mounts it
+        packages[package] = folder
     for name in AIRFLOW_SERVICES:
         service = services[name]
         assert service["build"]["dockerfile"] == "compose/airflow.Dockerfile", name
-        assert env(service)["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
         assert env(service)["AIRFLOW__CORE__LOAD_EXAMPLES"] == "false", name
-        assert "/opt/airflow/include" in env(service)["PYTHONPATH"].split(":"), name
-        for folder in ("dags", "plugins", "include", "spark_jobs"):
+        for folder in ("dags", "plugins"):
             assert f"./{folder}:/opt/airflow/{folder}" in service["volumes"], (name, folder)
+        path = env(service)["PYTHONPATH"].split(":")
+        for package, folder in packages.items():
+            inside = container_path(service, folder)
+            assert inside is not None, (name, package)  # mounted
+            assert str(inside.parent) in path, (name, package)  # and importable
+
+
+def stack_celery_env(host: str) -> dict[str, str]:
+    """`cluster.celery_env` with `host` and compose's spelling of the settings it takes."""
+    settings = StackSettings.model_construct(
+        host=host,
+        bucket=ref("CAIRN_BUCKET"),
+        task_heartbeat_timeout=ref("CAIRN_TASK_HEARTBEAT_TIMEOUT"),
+    )
+    return celery_env(settings)
+
+
+def test_airflow_runs_the_celery_executor_as_the_distributed_local_stack(services):
+    """Every Airflow container has the configuration `cluster.celery_env` gives the local stack's
+    Airflow processes: the same values where they name no host, the broker on the redis service
+    and the result backend in the metadata database."""
+    one, other = stack_celery_env("one.invalid"), stack_celery_env("other.invalid")
+    hosted = {key for key in one if one[key] != other[key]}
+    assert hosted == {"AIRFLOW__CELERY__BROKER_URL", "AIRFLOW__CELERY__RESULT_BACKEND"}
+    local = StackSettings.model_construct()
+    assert celery_env(local)["AIRFLOW__CELERY__RESULT_BACKEND"] == (
+        f"db+{local.airflow_database_url}"
+    )
+    for name in AIRFLOW_SERVICES:
+        have = env(services[name])
+        for key in one.keys() - hosted:
+            assert have.get(key) == one[key], (name, key)
+        assert have["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
+        # the redis service listens on Redis' port, the settings' default redis_port
+        assert (
+            have["AIRFLOW__CELERY__BROKER_URL"]
+            == stack_celery_env("redis")["AIRFLOW__CELERY__BROKER_URL"]
+        ), name
+        backend = have["AIRFLOW__CELERY__RESULT_BACKEND"]
+        assert backend == f"db+{have['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN']}", name
+        if name != "airflow-init":  # (it only migrates the database)
+            assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy", name
+
+    redis = services["redis"]
+    assert re.fullmatch(r"redis:\d+(\.\d+)*", redis["image"]), redis["image"]  # the official one
+    assert "--port" not in command(redis)
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert "ports" not in redis  # reachable from containers only
+
+
+def test_celery_workers_run_the_tasks_and_the_scheduler_none(services):
+    workers = [name for name, s in services.items() if command(s).startswith("celery worker")]
+    assert workers == list(AIRFLOW_WORKERS)
+    for name in AIRFLOW_WORKERS:
+        worker = services[name]
+        # spark-submit drivers on it are reached by this name from the executors
+        assert worker["hostname"] == name
+        argv = command(worker)
+        assert f"--concurrency {ref('CAIRN_CELERY_CONCURRENCY')}" in argv, name
+        assert "celery@$${HOSTNAME}" in worker["healthcheck"]["test"][-1], name
+    assert services["airflow-scheduler"]["command"] == ["scheduler"]
+    assert services["airflow-triggerer"]["command"] == ["triggerer"]
+    # no log volume shared by the containers: task logs reach the api-server through the bucket
+    assert not any(
+        v.split(":")[1].startswith("/opt/airflow/logs")
+        for name in AIRFLOW_SERVICES
+        for v in services[name]["volumes"]
+    )
 
 
 def test_published_ports_match_settings(services):
@@ -263,7 +400,8 @@ def test_aws_connection_examples_are_valid_and_cover_role_encryption_and_instanc
 
 
 def test_airflow_connections_match_settings_ids(services):
-    expected = {DEFAULTS[f].upper() for f in ("kafka_conn_id", "s3_conn_id", "spark_conn_id")}
+    ids = ("kafka_conn_id", "s3_conn_id", "spark_conn_id", "spark_submit_conn_id")
+    expected = {DEFAULTS[f].upper() for f in ids}
     expected.add("CAIRN_CATALOG")
     internal = listeners(env(services["kafka"]), "KAFKA_ADVERTISED_LISTENERS")["SECURED"]
     for name in AIRFLOW_SERVICES:
@@ -322,24 +460,148 @@ def test_airflow_connections_match_settings_ids(services):
         )
 
 
-def test_spark_connect_server_runs_cairn_on_the_cluster_with_the_kafka_connector(services):
+def cluster_settings(host: str) -> StackSettings:
+    """The local stack's distributed shape with `host`, and compose's spelling of the settings
+    compose takes from `CAIRN_*` variables."""
+    return StackSettings.model_construct(
+        host=host,
+        cluster=True,
+        spark_connect_cores=ref("CAIRN_SPARK_CONNECT_CORES"),
+        spark_submit_cores=ref("CAIRN_SPARK_SUBMIT_CORES"),
+    )
+
+
+def test_spark_daemons_run_the_spark_image_with_nothing_of_cairn(services):
+    assert not [name for name in services if name == "spark-worker"]
+    for name in SPARK_SERVICES:
+        service = services[name]
+        assert service["build"]["dockerfile"] == "compose/spark.Dockerfile", name
+        assert service["image"] != services["airflow-scheduler"]["image"], name
+        # no bind mount at all (named volumes would be the daemons' own state)
+        mounts = [v.split(":")[0] for v in service.get("volumes", [])]
+        assert not [m for m in mounts if m.startswith((".", "/", "~"))], (name, mounts)
+        assert "PYTHONPATH" not in env(service), name
+        assert not [v for v in env(service).values() if "/opt/airflow" in v], name
+        argv = command(service)
+        assert "/opt/airflow" not in argv and "include" not in argv, name
+        assert "spark.python.daemon.module" not in argv, name  # Cairn's daemon is not there
+        assert "spark.submit.pyFiles" not in argv and "--py-files" not in argv, name
+    assert "--port 7077" in command(services["spark-master"])
+    for name in SPARK_WORKERS:
+        argv = command(services[name])
+        assert argv.startswith("spark-class org.apache.spark.deploy.worker.Worker"), name
+        assert argv.endswith(" spark://spark-master:7077"), name
+        assert f"--cores {ref('CAIRN_SPARK_WORKER_CORES')}" in argv, name
+        assert f"--memory {ref('CAIRN_SPARK_WORKER_MEMORY')}" in argv, name
+        assert f"--host {services[name]['hostname']}" in argv, name
+
+
+def test_spark_image_has_the_airflow_images_python_pyspark_and_the_cluster_requirements():
+    """The executors' Python: requirements-cluster.txt and the pinned pyspark, on the Python
+    version of the Airflow image (cloudpickled functions cross), Java 17, the connector jars
+    fetched as the Airflow image fetches them, and nothing else from the checkout."""
+    airflow_stages, spark_stages = (
+        dockerfile_stages(DOCKERFILE),
+        dockerfile_stages(SPARK_DOCKERFILE),
+    )
+    jars = [stage for stage in spark_stages if stage[0][1].endswith(" AS jars")]
+    assert jars and jars == [s for s in airflow_stages if s[0][1].endswith(" AS jars")]
+    final = spark_stages[-1]
+    assert python_minor(final[0][1]) == python_minor(airflow_stages[-1][0][1])
+    # Java 17: a JRE copied from an eclipse-temurin:17 stage, and JAVA_HOME naming it
+    (java,) = [
+        s[0][1].split()[-1] for s in spark_stages if s[0][1].startswith("eclipse-temurin:17")
+    ]
+    (java_home,) = [c.split()[-1] for w, c in final if w == "COPY" and f"--from={java}" in c]
+    assert ("ENV", f"JAVA_HOME={java_home}") in final
+
+    (requirements,) = [
+        dest for src, dest in checkout_copies(final) if src == "requirements-cluster.txt"
+    ]
+    assert len(checkout_copies(final)) == 1  # nothing else from the checkout
+    (pip,) = [args for word, args in final if word == "RUN" and "pip install" in args]
+    installed = pip.split("pip install", 1)[1].split("&&")[0].split()
+    pinned = re.search(r"^pyspark==(\S+)$", (REPO / "requirements.txt").read_text(), re.M)
+    assert [a for a in installed if not a.startswith("--")] == [
+        f"pyspark=={pinned.group(1)}",
+        "-r",
+        requirements,
+    ]
+    instructions = [f"{word} {args}" for stage in spark_stages for word, args in stage]
+    assert not [
+        i for i in instructions if re.search(r"PYTHONPATH|\binclude\b|\bspark_jobs\b|cairn", i)
+    ]
+
+    # the build context holds only what the image copies
+    ignore = SPARK_DOCKERFILE.with_name("spark.Dockerfile.dockerignore").read_text().splitlines()
+    ignore = [line for line in ignore if line and not line.startswith("#")]
+    sources = {copy[0] for stage in spark_stages for copy in checkout_copies(stage)}
+    assert ignore[0] == "*" and {line.removeprefix("!") for line in ignore[1:]} == sources
+
+
+def test_spark_connect_server_runs_on_the_cluster_as_the_local_stacks(services, monkeypatch):
+    """The compose server has the local cluster-shaped server's settings (`services.
+    spark_connect` with `cluster`), bar the local one's binding to its loopback host: the Kafka
+    connector, the session timeout, the JVMs, its share of the cluster (`spark.cores.max`), no
+    worker daemon of Cairn's."""
+    monkeypatch.setattr(cluster, "hidden", lambda settings: [])  # (a mount namespace probe)
+    host = "stack-host.invalid"
+    local = spark_connect(cluster_settings(host))
+    local_argv = " ".join(local.argv)
+    local_conf = conf(local_argv)
     server = services["spark-connect"]
     argv = command(server)
-    assert "--class org.apache.spark.sql.connect.service.SparkConnectServer" in argv
-    assert f"spark.connect.grpc.binding.port={DEFAULTS['spark_connect_port']}" in argv
-    assert "--master spark://spark-master:7077" in argv
-    assert "--port 7077" in command(services["spark-master"])
-    assert "--jars /opt/airflow/.cairn/jars/spark/*.jar" in argv  # where the Dockerfile puts them
-    assert env(server)["PYTHONPATH"] == "/opt/airflow/include"  # Python workers import cairn
-    assert f"spark.driver.host={server['hostname']}" in argv  # executors reach the driver
+    have = conf(argv)
+    bound = {k for k, v in local_conf.items() if host in v}
+    assert bound == {
+        "spark.connect.grpc.binding.address",
+        "spark.driver.host",
+        "spark.driver.bindAddress",
+    }
+    assert have.keys() == local_conf.keys() - bound | {"spark.driver.host"}
+    for key in have.keys() - bound:
+        assert have[key] == local_conf[key], key
+    assert have["spark.driver.host"] == server["hostname"]  # executors reach the driver
+    assert have["spark.cores.max"] == ref("CAIRN_SPARK_CONNECT_CORES")
+    assert have["spark.connect.grpc.binding.port"] == str(DEFAULTS["spark_connect_port"])
+    assert have["spark.connect.session.manager.defaultSessionTimeout"] == SESSION_TIMEOUT
+    assert have.items() >= SERVER_JVM.items() and not have.keys() & PYTHON_DAEMON.keys()
+    for option in ("--class", "--name"):
+        found = re.search(rf"{option} \S+", local_argv).group(0)
+        assert found in argv, option
+    # the cluster compose starts, the connector jars where the Spark image has them
+    assert f"--master {spark_master_url(cluster_settings('spark-master'))}" in argv
+    jars = re.search(r"--jars (\S+)/\*\.jar", argv).group(1)
+    (copied,) = [
+        args
+        for word, args in dockerfile_stages(SPARK_DOCKERFILE)[-1]
+        if word == "COPY" and args.startswith("--from=jars")
+    ]
+    assert copied.split()[-1] == jars
     assert "ports" not in server  # no authentication: reachable from containers only
-    assert "./include:/opt/airflow/include" in server["volumes"]
-    # the shared session outlives a quiet hour, as on the local stack's server
-    timeout = f"spark.connect.session.manager.defaultSessionTimeout={SESSION_TIMEOUT}"
-    assert timeout in argv
-    # and its JVMs and Python workers are set up as the local stack's are
-    local = SERVER_JVM | PYTHON_DAEMON
-    assert all(f"--conf {key}={value}" in argv for key, value in local.items())
+
+
+def test_spark_submit_connection_is_the_local_stacks_on_the_compose_cluster(services, tmp_path):
+    """`cairn_spark_submit` is `services.airflow_env`'s connection of the distributed shape:
+    spark-submit to the cluster's master, Cairn's extra naming the executors' Python (the one
+    the Spark Connect server's executors run too) and each job's `spark.cores.max`."""
+    settings = cluster_settings("spark-master").model_copy(update={"state_dir": tmp_path})
+    conn_id = DEFAULTS["spark_submit_conn_id"]
+    local = json.loads(airflow_env(settings)[f"AIRFLOW_CONN_{conn_id.upper()}"])
+    connect_python = env(services["spark-connect"])["PYSPARK_PYTHON"]
+    for name in AIRFLOW_SERVICES:
+        submit = connections(services[name])[conn_id]
+        assert submit["conn_type"] == local["conn_type"] == "spark", name
+        assert f"{submit['host']}:{submit['port']}" == local["host"], name
+        assert submit["extra"].keys() == local["extra"].keys() == {"cairn"}, name
+        ours, theirs = submit["extra"]["cairn"], local["extra"]["cairn"]
+        assert ours.keys() == theirs.keys() == {"python", "conf"}, name
+        assert ours["conf"] == theirs["conf"], name  # spark.cores.max: CAIRN_SPARK_SUBMIT_CORES
+        assert ours["conf"] == {"spark.cores.max": ref("CAIRN_SPARK_SUBMIT_CORES")}, name
+        assert ours["python"] == connect_python == "python3", name  # the Spark image's
+    # the cluster's slots hold the Connect server's share and one spark-submitted job's
+    slots = DEFAULTS["spark_workers"] * DEFAULTS["spark_worker_cores"]
+    assert DEFAULTS["spark_connect_cores"] + DEFAULTS["spark_submit_cores"] <= slots
 
 
 def test_airflow_login_comes_from_settings(services):

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from cairn.config import TopicConfig
-from cairn.formats import fastpath
+from cairn.datafiles import fastpath
 from cairn.topics_file import load_topics
 
 FLAT = [

@@ -3,6 +3,7 @@ schema, event time from a decoded record, and one class per `format:` name."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -10,7 +11,15 @@ import pytest
 
 from cairn.config import TopicConfig
 from cairn.formats import FORMATS, format_class, open_format
-from cairn.formats.base import EventTime, Format, ParsingFormat, Reject, event_millis, output_schema
+from cairn.formats.base import (
+    EventTime,
+    Format,
+    ParsingFormat,
+    Reject,
+    event_millis,
+    load_schema,
+    output_schema,
+)
 
 USER_SCHEMA = {
     "type": "record",
@@ -66,3 +75,24 @@ def test_raw_topics_have_no_parser():
     assert not raw.parses and raw.format_settings is None
     with pytest.raises(ValueError, match="backup only"):
         open_format(raw)
+
+
+def test_load_schema(tmp_path):
+    good = tmp_path / "good.avsc"
+    good.write_text(json.dumps({"type": "record", "name": "R", "fields": []}))
+    assert load_schema(good)["name"] == "R"
+
+    cases = {
+        "missing.avsc": None,
+        "notjson.avsc": "{",
+        "enum.avsc": json.dumps({"type": "enum", "name": "E", "symbols": ["A"]}),
+        "nofields.avsc": json.dumps({"type": "record", "name": "R"}),
+        "badtype.avsc": json.dumps(
+            {"type": "record", "name": "R", "fields": [{"name": "a", "type": "Nope"}]}
+        ),
+    }
+    for name, text in cases.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=name):
+            load_schema(tmp_path / name)

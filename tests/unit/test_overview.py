@@ -8,12 +8,12 @@ from datetime import UTC, date, datetime
 
 from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord
-from cairn.pipeline import completeness
+from cairn.pipeline import completeness, run_record
 from cairn.topics_file import load_topics
-from cairn.views import overview, prometheus, status
+from cairn.views import overview, prometheus
 from cairn.views.metrics import Sample
 from tests.unit.conftest import archive_records
-from tests.unit.test_status import record
+from tests.unit.test_run_record import record
 
 SCHEMA = {
     "type": "record",
@@ -73,7 +73,7 @@ def test_overview_reads_position_lag_trend_and_quarantine(storage, tmp_path) -> 
     archive_records(storage, cfg, datetime(2024, 6, 3, 9, tzinfo=UTC), [rec(0, 0, b"x")])
     for seq, lag in ((1, 50), (2, 20), (3, 0)):
         run = record(seq, read=10, quarantined=1, time_lag=float(lag), offset_lag={0: lag, 1: 0})
-        status.save(storage, run)
+        run_record.save(storage, run)
 
     completeness.save_state(storage, completeness.State(topic="orders", through=date(2024, 6, 2)))
 

@@ -13,16 +13,16 @@ from airflow.sdk.exceptions import AirflowFailException
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from cairn.pipeline import run_record
 from cairn.storage.objects import Storage
 from cairn.topics_file import TopicConfigError, load_topics
-from cairn.views import status
 from cairn_airflow import dag_topics
 from cairn_airflow.notifications import notifier
 from cairn_airflow.pages import app as pages
 from cairn_airflow.plugin import CairnPlugin
 from tests.unit.conftest import archive_records
 from tests.unit.test_overview import SCHEMA, order, rec
-from tests.unit.test_status import record
+from tests.unit.test_run_record import record
 
 REAL_READABLE_TOPICS = pages.readable_topics
 
@@ -47,7 +47,7 @@ def client(tmp_path, monkeypatch) -> TestClient:
     ]
     archive_records(archive, good, datetime.now(UTC), records)
     for seq, lag in ((1, 40), (2, 0)):
-        status.save(archive, record(seq, topic="orders.eu", quarantined=1, offset_lag={0: lag}))
+        run_record.save(archive, record(seq, topic="orders.eu", quarantined=1, offset_lag={0: lag}))
 
     def storage(cfg):
         if cfg.topic == "broken":

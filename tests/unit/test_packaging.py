@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,8 +34,13 @@ def test_the_clusters_python_needs_exactly_this_deployments_pins_of_what_executo
 
 
 def test_the_wheel_a_deployment_installs_holds_the_airflow_side_the_jobs_and_the_pages(tmp_path):
+    source = tmp_path / "source"  # a copy: setuptools leaves its build folder in the source
+    source.mkdir()
+    for part in ("pyproject.toml", "include", "spark_jobs"):
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, source / part)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
     )

@@ -9,8 +9,9 @@ import pytest
 
 from cairn.config import TopicConfig
 from cairn.errors import PermanentError
+from cairn.kafka.cluster import Watermarks
 from cairn.pipeline import archive_run
-from cairn.pipeline.plan import (
+from cairn.protocol.plan import (
     ArchiveElsewhere,
     OffsetAheadOfKafka,
     PartitionVanished,
@@ -18,7 +19,6 @@ from cairn.pipeline.plan import (
     RetentionGap,
     Span,
     TopicRecreated,
-    Watermarks,
     kafka_assign_json,
     kafka_json_offsets,
     lag,

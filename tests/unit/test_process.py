@@ -346,15 +346,15 @@ def test_the_distributed_shape_runs_celery_workers_and_a_spark_cluster_with_noth
 
     assert list(found) == [
         "kafka", "seaweedfs", "postgres", "redis", "spark-master", "spark-worker-1",
-        "spark-worker-2", "spark-connect", "airflow-api-server", "airflow-scheduler",
+        "spark-worker-2", "spark-connect-cluster", "airflow-api-server", "airflow-scheduler",
         "airflow-dag-processor", "airflow-worker-1", "airflow-worker-2",
     ]  # fmt: skip
-    server = " ".join(found["spark-connect"].argv)
+    server = " ".join(found["spark-connect-cluster"].argv)
     assert f"--master spark://{settings.host}:{settings.spark_cluster_port}" in server
     assert f"spark.cores.max={settings.spark_connect_cores}" in server
     assert "spark.python.daemon.module" not in server  # nothing of Cairn on the cluster
-    assert found["spark-connect"].env["PYSPARK_PYTHON"] == str(settings.cluster_python)
-    for name in ("spark-master", "spark-worker-1", "spark-worker-2", "spark-connect"):
+    assert found["spark-connect-cluster"].env["PYSPARK_PYTHON"] == str(settings.cluster_python)
+    for name in ("spark-master", "spark-worker-1", "spark-worker-2", "spark-connect-cluster"):
         argv = found[name].argv
         if argv[0] == "unshare":  # this machine allows mount namespaces: the code is hidden
             hidden = argv[argv.index("sh", argv.index("-c")) + 1 : argv.index("--", 5)]
@@ -374,6 +374,7 @@ def test_the_distributed_shape_runs_celery_workers_and_a_spark_cluster_with_noth
     # `down` and `status` cover both shapes, whichever `up` started
     local = {s.name for s in services.all_services(settings.model_copy(update={"cluster": False}))}
     assert {s.name for s in services.every_service(settings)} == local | found.keys()
+    assert "spark-connect" in local  # its own pid file: never taken for the other shape's
 
 
 def test_postgres_starts_once_before_the_server_and_airflow_which_use_it(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import BACKUP_SCHEMA, millis
+from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.writer import KafkaRecord
 from cairn.errors import PermanentError
 from cairn.pipeline.rebuild import (
@@ -31,7 +32,7 @@ from cairn.pipeline.rebuild import (
 )
 from cairn.protocol import commit, rewind, tokens
 from cairn.protocol.commit import Conflict
-from cairn.protocol.manifest import FileEntry, VerificationFailed
+from cairn.protocol.manifest import VerificationFailed
 from cairn.storage.layout import (
     attempt_prefix,
     event_folder,

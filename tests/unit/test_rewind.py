@@ -9,9 +9,9 @@ import pytest
 
 from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord
-from cairn.kafka.cluster import TopicState
-from cairn.pipeline.plan import Span, Watermarks
+from cairn.kafka.cluster import TopicState, Watermarks
 from cairn.protocol import commit, rewind, tokens
+from cairn.protocol.plan import Span
 from cairn.storage.layout import backup_key, parse_data_key, token_key
 from cairn.storage.objects import Storage
 from tests.unit.conftest import archive_records, commit_next

@@ -17,11 +17,11 @@ from cairn.datafiles.avro_file import Header
 from cairn.datafiles.sealed_file import SOURCES, SourceSpan
 from cairn.datafiles.writer import KafkaRecord
 from cairn.formats.base import output_schema
-from cairn.kafka.cluster import TopicState
+from cairn.kafka.cluster import TopicState, Watermarks
 from cairn.pipeline import completeness, seal
 from cairn.pipeline import proof as proof_of
-from cairn.pipeline.plan import Watermarks, plan
 from cairn.protocol import commit, rewind, tokens
+from cairn.protocol.plan import plan
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.table import offset_index

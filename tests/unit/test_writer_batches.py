@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 
 from cairn.datafiles.avro_file import BACKUP_SCHEMA
+from cairn.datafiles.fastpath import OUTPUT_COLUMNS
 from cairn.datafiles.writer import EncodedRecord, KafkaRecord, ParsedWriter, write_partition
 from cairn.formats import open_format
 from cairn.formats.base import KafkaCoords, Parsed
-from cairn.formats.fastpath import OUTPUT_COLUMNS
 from cairn.storage.objects import Storage
 from tests.unit.test_writer import ATTEMPT, NOW, config, event, rec
 

@@ -66,7 +66,7 @@ def table_counter(cfg: TopicConfig) -> Callable[[date], int | None] | None:
 
     def count(day: date) -> int | None:
         try:
-            table = found.load_table(f"cairn.{table_name(cfg.topic)}")
+            table = found.load_table(f"cairn.{table_name(cfg.topic_name)}")
         except iceberg.NoSuchTableError:
             return None
         return iceberg.date_records(table, day)
@@ -132,11 +132,12 @@ def show_time(when: datetime | None) -> str:
 def show_size(n: int | None) -> str:
     if n is None:
         return NONE
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        if size < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
 
 
 def show_offsets(offsets: dict[int, int]) -> str:

@@ -21,8 +21,8 @@ from cairn.config import TopicConfig
 from cairn.errors import PermanentError
 from cairn.kafka.cluster import reason
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConfigError
+from cairn.replay import ReplayRefused
 from cairn.views.finder import NotArchived
-from cairn.views.replay import ReplayRefused
 
 _CONFIGURATION = (
     UsageError,

@@ -1,7 +1,7 @@
 """`status`, `files`, `find`, `cat` and `verify`: read-only looks at the archive.
 
-The questions are answered in `cairn.views.finder`, `cairn.views.audit` and `cairn.views.status`
-(which the overview page also uses); these functions only print.
+The questions are answered in `cairn.views.finder`, `cairn.views.audit` and
+`cairn.pipeline.run_record` (which the overview page also uses); these functions only print.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from cairn.cli.error_lines import explain
 from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import millis
 from cairn.formats import registries_from_env
-from cairn.pipeline import completeness
+from cairn.pipeline import completeness, run_record
+from cairn.pipeline.run_record import RunRecord
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import parse_data_key
 from cairn.topics_file import load_topics
-from cairn.views import status as run_status
 from cairn.views.audit import audit_date
 from cairn.views.date_check import verify_date
 from cairn.views.finder import (
@@ -49,7 +49,6 @@ from cairn.views.finder import (
     date_files,
     quarantine_records,
 )
-from cairn.views.status import RunRecord
 
 TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
@@ -118,10 +117,10 @@ def status(topics_file: str, debug: bool = False) -> int:
 
 def _status_row(cfg: TopicConfig) -> list[str]:
     storage = storage_for(cfg)
-    index = ArchiveIndex(storage, cfg.topic)
-    seen = run_status.topic_status(storage, cfg.topic)
+    index = ArchiveIndex(storage, cfg.topic_name)
+    seen = run_record.topic_status(storage, cfg.topic_name)
     last, newest = seen.last, index.newest()
-    complete = completeness.last_complete(storage, cfg.topic)
+    complete = completeness.last_complete(storage, cfg.topic_name)
     return [
         cfg.topic or "",
         show_offsets(index.position()),
@@ -135,7 +134,7 @@ def _status_row(cfg: TopicConfig) -> list[str]:
 
 def files(cfg: TopicConfig, args: argparse.Namespace) -> int:
     storage = storage_for(cfg)
-    index = ArchiveIndex(storage, cfg.topic)
+    index = ArchiveIndex(storage, cfg.topic_name)
     found = date_files(storage, cfg, args.date)
     if not found:
         out().print(f"topic {cfg.topic}: no partitioned or quarantine files for {args.date}")
@@ -165,7 +164,7 @@ def files(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 
 def find(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    index = ArchiveIndex(storage_for(cfg), cfg.topic)
+    index = ArchiveIndex(storage_for(cfg), cfg.topic_name)
     try:
         found = index.find(args.partition, args.offset)
     except NotArchived as why:

@@ -9,8 +9,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cairn.cli.common import OK, UsageError, add_kafka_args, err, kafka_for, out, storage_for
 from cairn.config import TopicConfig
+from cairn.replay import Range, parse_bound, plan_ranges, replay
 from cairn.views.finder import ArchiveIndex
-from cairn.views.replay import Range, parse_bound, plan_ranges, replay
 
 EPILOG = """Ranges: --from P:O is the first offset replayed (inclusive), --to P:O the offset to stop
 before (exclusive), as Kafka positions read: --from 0:100 --to 0:200 replays offsets 100..199 of
@@ -48,7 +48,7 @@ def run(cfg: TopicConfig, args: argparse.Namespace) -> int:
             "every record twice. Pass --force if that is what you want"
         )
     starts, ends = _bounds(args.starts, "--from"), _bounds(args.ends, "--to")
-    index = ArchiveIndex(storage_for(cfg), cfg.topic)
+    index = ArchiveIndex(storage_for(cfg), cfg.topic_name)
     ranges = plan_ranges(starts, ends, index.position())
     if args.dry_run:
         for r in ranges:

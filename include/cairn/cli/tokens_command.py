@@ -35,7 +35,7 @@ def run(cfg: TopicConfig, args: argparse.Namespace) -> int:
 
 
 def list_tokens(cfg: TopicConfig) -> int:
-    found = tokens.list_tokens(storage_for(cfg), cfg.topic)
+    found = tokens.list_tokens(storage_for(cfg), cfg.topic_name)
     if not found:
         print(f"topic {cfg.topic}: no tokens (the next run starts from the beginning)")
     previous = None
@@ -54,7 +54,7 @@ def list_tokens(cfg: TopicConfig) -> int:
 
 
 def rewind_tokens(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    state = cluster.fetch_topic(kafka_for(args, "rewind"), cfg.topic)
+    state = cluster.fetch_topic(kafka_for(args, "rewind"), cfg.topic_name)
     try:
         deleted = rewind.rewind(
             storage_for(cfg),

@@ -12,17 +12,17 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from fastavro.io.binary_encoder import BinaryEncoder
-from fastavro.schema import SchemaParseException, UnknownType
 from fastavro.write import Writer
 from zlib_ng import zlib_ng
+
+from cairn.formats.base import TIMESTAMP_MILLIS
 
 CODECS = ("deflate", "snappy", "zstandard", "null")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -32,11 +32,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # open files (cairn.datafiles.writer) bounds the total. fastavro's default (16 kB) makes many tiny
 # deflate blocks; 256 KiB compresses nearly as well as larger blocks and every reader streams it.
 SYNC_INTERVAL = 256 * 1024
-
-TIMESTAMP_MILLIS: dict[str, str] = {"type": "long", "logicalType": "timestamp-millis"}
-"""Epoch millis that Spark, Trino and Hive read as timestamps; writers give ints, fastavro
-reads back aware datetimes (files written before it was used hold plain longs: `millis` takes
-both)."""
 
 _HEADER = {
     "type": "record",
@@ -75,23 +70,6 @@ QUARANTINE_SCHEMA: dict[str, Any] = {
         {"name": "processing_time", "type": TIMESTAMP_MILLIS, "doc": "when Cairn parsed it"},
     ],
 }
-
-
-def load_schema(path: str | Path, data: bytes | None = None) -> dict[str, Any]:
-    """Read an .avsc file that must hold a record schema (`data`: its bytes, already read);
-    return it as plain JSON (unparsed)."""
-    try:
-        schema = json.loads(Path(path).read_bytes() if data is None else data)
-        if not isinstance(schema, dict) or schema.get("type") != "record":
-            raise ValueError("top level must be an Avro record")
-        if not isinstance(schema.get("fields"), list):
-            raise ValueError("record has no 'fields' list")
-        fastavro.parse_schema(schema)
-    except UnknownType as err:
-        raise ValueError(f"schema {path}: unknown type {err}") from None
-    except (OSError, ValueError, SchemaParseException) as err:
-        raise ValueError(f"schema {path}: {err}") from None
-    return schema
 
 
 @functools.cache
@@ -280,7 +258,7 @@ def encode_quarantine(record: dict[str, Any]) -> bytes:
 
 def decode_backup(datum: bytes) -> dict[str, Any]:
     """A backup datum as the record dict the writer encodes (timestamp in epoch millis)."""
-    record = fastavro.schemaless_reader(io.BytesIO(datum), _BACKUP_PARSED)
+    record = cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(datum), _BACKUP_PARSED))
     record["timestamp"] = millis(record["timestamp"])
     return record
 
@@ -418,7 +396,7 @@ class _Joined(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        return self.head.readinto(buffer) or self.tail.readinto(buffer)
+        return self.head.readinto(buffer) or self.tail.readinto(buffer)  # type: ignore[attr-defined]
 
 
 def _read_long(f: IO[bytes], first: bytes | None = None) -> int:

@@ -101,7 +101,8 @@ class ParquetFileWriter:
 
     def __init__(self, out: IO[bytes], schema: pa.Schema, offsets: str | None = None) -> None:
         self._writer = pq.ParquetWriter(out, schema, compression="zstd")
-        self._offsets, self._buffered, self._rows = offsets, [], 0
+        self._offsets, self._rows = offsets, 0
+        self._buffered: list[Any] = []
         self.stats = FileStats()
 
     def write_batch(self, batch: pa.RecordBatch) -> None:

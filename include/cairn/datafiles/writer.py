@@ -37,10 +37,10 @@ from cairn.datafiles.avro_file import (
     decode_backup,
     encode_quarantine,
 )
+from cairn.datafiles.fastpath import OUTPUT_COLUMNS
+from cairn.datafiles.file_entry import FileEntry
 from cairn.formats import Registries, open_format
 from cairn.formats.base import KafkaCoords, Parsed, Quarantined
-from cairn.formats.fastpath import OUTPUT_COLUMNS
-from cairn.protocol.manifest import FileEntry
 from cairn.storage.layout import (
     DataKind,
     backup_key,
@@ -76,9 +76,10 @@ class KafkaRecord(NamedTuple):
 
 
 class EncodedRecord(NamedTuple):
-    """One Kafka record as the Spark job hands it over (`cairn.formats.fastpath`): its coordinates,
-    its backup datum, and, when the JVM parsed the value, the partitioned datum and its event time
-    (epoch millis). `datum` None: the Python parser decides, from the value in the backup."""
+    """One Kafka record as the Spark job hands it over (`cairn.datafiles.fastpath`): its
+    coordinates, its backup datum, and, when the JVM parsed the value, the partitioned datum and
+    its event time (epoch millis). `datum` None: the Python parser decides, from the value in the
+    backup."""
 
     topic: str
     partition: int
@@ -125,7 +126,7 @@ def write_partition(
 
     Records come decoded (`KafkaRecord`: everything is encoded and parsed here) or as the
     Spark job's JVM encoded them (`EncodedRecord`, or Arrow batches of its columns,
-    `cairn.formats.fastpath.OUTPUT_COLUMNS`); all give the same bytes.
+    `cairn.datafiles.fastpath.OUTPUT_COLUMNS`); all give the same bytes.
     `storage` is the attempt's staging area; `registries` holds the Schema Registry client
     configurations the topic's format needs (`cairn.formats.open_format`). On any exception
     the files still open are discarded and the exception propagates; files already written stay
@@ -147,7 +148,7 @@ def write_partition(
 
 
 def encoded_records(batch: pa.RecordBatch) -> Iterator[EncodedRecord]:
-    """The records of an Arrow batch of `cairn.formats.fastpath.OUTPUT_COLUMNS`, one by one."""
+    """The records of an Arrow batch of `cairn.datafiles.fastpath.OUTPUT_COLUMNS`, one by one."""
     columns = [batch.column(name).to_pylist() for name in OUTPUT_COLUMNS]
     for row in zip(*columns, strict=True):
         yield EncodedRecord(*row)
@@ -281,7 +282,7 @@ class ParsedWriter:
         return verbatim | {"reason": result.reason, "processing_time": self.processing_ms}
 
     def write_encoded(self, batch: pa.RecordBatch, offsets: np.ndarray) -> bool:
-        """File a batch the JVM encoded (`cairn.formats.fastpath.OUTPUT_COLUMNS`; one partition,
+        """File a batch the JVM encoded (`cairn.datafiles.fastpath.OUTPUT_COLUMNS`; one partition,
         offset order) as `write_datum` would each record, and `parse` and `write` each record the
         JVM did not take: the same files, blocks and recency order, at a cost per folder rather than
         per record. False, with nothing written, when the batch would open more files than
@@ -350,8 +351,9 @@ class ParsedWriter:
     def write_datum(
         self, datum: bytes, partition: int, offset: int, event_time: int | None
     ) -> bool:
-        """File a record the JVM parsed and encoded (`cairn.formats.fastpath`) by its event time, as
-        `parse` would; False (nothing written) if its folder is not one `parse` would accept."""
+        """File a record the JVM parsed and encoded (`cairn.datafiles.fastpath`) by its event
+        time, as `parse` would; False (nothing written) if its folder is not one `parse` would
+        accept."""
         if (event_time is None) != (self.cfg.event_time is None):
             return False
         folder = self._folder_of(event_time)
@@ -465,7 +467,7 @@ class _PartitionWriter:
             self.parsed.write(verbatim, self.parsed.parse(verbatim))
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
-        """`write` each record of an Arrow batch of `cairn.formats.fastpath.OUTPUT_COLUMNS`, at a
+        """`write` each record of an Arrow batch of `cairn.datafiles.fastpath.OUTPUT_COLUMNS`, at a
         cost per block and folder rather than per record. A batch that is not one partition in
         offset order after the records before it, or that would open more files than allowed, goes
         record by record, where `write` refuses or evicts as it always has."""

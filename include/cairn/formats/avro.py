@@ -24,13 +24,12 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, cast
 
 import fastavro
 from fastavro.read import SchemaResolutionError
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from cairn.datafiles.avro_file import load_schema
 from cairn.formats.base import (
     FieldError,
     KafkaCoords,
@@ -39,6 +38,8 @@ from cairn.formats.base import (
     Registries,
     Reject,
     Topic,
+    load_schema,
+    parsed_record_schema,
 )
 
 CACHED_WRITERS = 1024
@@ -128,7 +129,7 @@ class SchemaFolder:
         name = self.paths.get(schema_id)
         if name is None:
             return None
-        return fastavro.parse_schema(_load(self.topic, name))
+        return parsed_record_schema(_load(self.topic, name))
 
 
 def schema_files(topic: Topic, folder: str) -> list[str]:
@@ -160,7 +161,10 @@ class SchemaRegistry:
 
         try:
             schema = self.client.get_schema(schema_id)
-            refs = [self.client.get_version(r.subject, r.version) for r in schema.references or ()]
+            refs = [
+                self.client.get_version(r.subject, r.version)  # type: ignore[arg-type]  # both set
+                for r in schema.references or ()
+            ]
         except SchemaRegistryError as err:
             if err.http_status_code == 404:
                 return None
@@ -173,8 +177,8 @@ class SchemaRegistry:
         named: dict[str, Any] = {}
         try:
             for ref in refs:
-                fastavro.parse_schema(json.loads(ref.schema.schema_str), named_schemas=named)
-            return fastavro.parse_schema(json.loads(schema.schema_str), named_schemas=named)
+                fastavro.parse_schema(json.loads(ref.schema.schema_str or ""), named_schemas=named)
+            return parsed_record_schema(json.loads(schema.schema_str or ""), named_schemas=named)
         except Exception as err:  # the registry's schema itself: its records cannot be read
             raise Reject(f"writer schema id {schema_id} does not parse: {err}") from None
 
@@ -236,12 +240,12 @@ class AvroFormat(ParsingFormat):
         only topics with `avro.registry` need theirs in it."""
         super().__init__(topic, registries)
         settings = _settings(topic)
-        self.reader = fastavro.parse_schema(topic.user_schema or {})
+        self.reader = parsed_record_schema(topic.user_schema or {})
         self.fixed: Resolution | None = None  # framing: plain
         self.schemas: WriterSchemas | None = None  # framing: confluent
         if settings.writer_schema is not None:
             writer = _load(topic, settings.writer_schema)
-            self.fixed = self._resolution(fastavro.parse_schema(writer))
+            self.fixed = self._resolution(parsed_record_schema(writer))
             return
         if settings.schemas_dir is not None:
             self.schemas = SchemaFolder(topic, settings.schemas_dir)
@@ -259,6 +263,7 @@ class AvroFormat(ParsingFormat):
         self, value: bytes | bytearray | memoryview, coords: KafkaCoords, processing_time: datetime
     ) -> Parsed:
         data = bytes(value)
+        found: Resolution | None
         if self.fixed is not None:
             found, start, label = self.fixed, 0, "the writer_schema"
         else:
@@ -274,7 +279,9 @@ class AvroFormat(ParsingFormat):
         fo = io.BytesIO(data)
         fo.seek(start)
         try:
-            record = fastavro.schemaless_reader(fo, found.writer, found.reader)
+            record = cast(
+                dict[str, Any], fastavro.schemaless_reader(fo, found.writer, found.reader)
+            )
         except SchemaResolutionError as err:
             raise Reject(f"{label} does not resolve to the reader schema: {err}") from None
         except EOFError:

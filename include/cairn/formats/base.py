@@ -21,14 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, cast
 
 import fastavro
-from fastavro.schema import expand_schema
+from fastavro.schema import SchemaParseException, UnknownType, expand_schema
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from cairn.datafiles.avro_file import TIMESTAMP_MILLIS
 from cairn.storage.layout import event_folder, is_safe_folder
+
+TIMESTAMP_MILLIS: dict[str, str] = {"type": "long", "logicalType": "timestamp-millis"}
+"""Epoch millis that Spark, Trino and Hive read as timestamps; writers give ints, fastavro
+reads back aware datetimes (files written before it was used hold plain longs: `millis` takes
+both)."""
 
 COORDINATE_FIELDS: list[dict[str, Any]] = [
     {"name": "_kafka_partition", "type": "int"},
@@ -247,7 +251,7 @@ class ParsingFormat(Format):
         """`registries`: Schema Registry client configurations by connection id, for the
         formats that look up writer schemas; the others ignore it."""
         self.topic = topic
-        self.schema = fastavro.parse_schema(output_schema(topic.user_schema or {}))
+        self.schema = parsed_record_schema(output_schema(topic.user_schema or {}))
         """The partitioned files' schema, parsed once."""
 
     def parse(
@@ -305,6 +309,28 @@ class ParsingFormat(Format):
             "_event_time": filing.event_time,
         }
         return Parsed(record, filing.folder, filing.folder_time, filing.event_time)
+
+
+def load_schema(path: str | Path, data: bytes | None = None) -> dict[str, Any]:
+    """Read an .avsc file that must hold a record schema (`data`: its bytes, already read);
+    return it as plain JSON (unparsed)."""
+    try:
+        schema = json.loads(Path(path).read_bytes() if data is None else data)
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            raise ValueError("top level must be an Avro record")
+        if not isinstance(schema.get("fields"), list):
+            raise ValueError("record has no 'fields' list")
+        fastavro.parse_schema(schema)
+    except UnknownType as err:
+        raise ValueError(f"schema {path}: unknown type {err}") from None
+    except (OSError, ValueError, SchemaParseException) as err:
+        raise ValueError(f"schema {path}: {err}") from None
+    return schema
+
+
+def parsed_record_schema(schema: dict[str, Any], **named: Any) -> dict[str, Any]:
+    """fastavro's parse of a record schema, typed as the dict it is (its type says any schema)."""
+    return cast(dict[str, Any], fastavro.parse_schema(schema, **named))
 
 
 def output_schema(user_schema: dict[str, Any]) -> dict[str, Any]:

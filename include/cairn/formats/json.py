@@ -29,9 +29,9 @@ from cairn.formats.base import (
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 MAX_DEPTH = 999
 """JSON nested deeper than this many arrays and objects is refused: the JVM's parser takes no
-deeper (`cairn.formats.fastpath`: Jackson's 1,000 levels, one of them its wrapper), and Python's own
-limit, its recursion limit less the caller's stack, would let the same value parse in an archive
-and fail in a rebuild of it."""
+deeper (`cairn.datafiles.fastpath`: Jackson's 1,000 levels, one of them its wrapper), and
+Python's own limit, its recursion limit less the caller's stack, would let the same value parse in
+an archive and fail in a rebuild of it."""
 _SHALLOW = 200  # arrays and objects that fit under any caller's stack at Python's recursion limit
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings, skipped whole, and brackets
 

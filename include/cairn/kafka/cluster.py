@@ -24,13 +24,19 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from cairn.errors import PermanentError
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
-from cairn.pipeline.plan import Watermarks
 
 DENIED = {
     KafkaError._AUTHENTICATION: "check sasl.username and sasl.password",
     KafkaError._SSL: "check ssl.ca.location or ssl.ca.pem (the CA that signed the broker)",
 }
 """librdkafka errors a retry cannot fix, and what to check."""
+
+
+class Watermarks(NamedTuple):
+    """Kafka's offsets for a partition: the oldest still held, and the next to be written."""
+
+    low: int
+    high: int
 
 
 class TopicState(NamedTuple):

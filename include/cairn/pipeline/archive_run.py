@@ -20,11 +20,11 @@ from pydantic import BaseModel
 from cairn.config import TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
+from cairn.pipeline import run_record
 from cairn.protocol import commit, manifest, rewind, tokens
+from cairn.protocol.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
 from cairn.storage.layout import chain_folder, claims_folder, manifest_key
 from cairn.storage.objects import Storage
-from cairn.views import status
 
 if TYPE_CHECKING:
     from cairn.datafiles.writer import PartitionResult
@@ -228,9 +228,9 @@ def commit_run(
     planned: Planned,
     report: manifest.VerifyReport,
     kafka: KafkaConf,
-) -> status.RunRecord:
+) -> run_record.RunRecord:
     """Commit the run (`commit_token`); only now is its output archived. Returns the run's
-    record (`cairn.views.status`).
+    record (`cairn.pipeline.run_record`).
 
     Then, best effort (the token stands whatever happens): the topic's consumer group gets the
     token's offsets and the run its status record.
@@ -240,7 +240,7 @@ def commit_run(
     newest = not tokens.seqs(storage, planned.topic, after=token.seq)
     if cfg.commit_consumer_group and newest:  # a late retry must not move the group back
         record = _commit_group(cfg, kafka, record, planned.plan.next_offsets)
-    status.save(storage, record)
+    run_record.save(storage, record)
     return record
 
 
@@ -276,8 +276,8 @@ def commit_token(
 
 
 def _commit_group(
-    cfg: TopicConfig, kafka: KafkaConf, summary: status.RunRecord, offsets: dict[int, int]
-) -> status.RunRecord:
+    cfg: TopicConfig, kafka: KafkaConf, summary: run_record.RunRecord, offsets: dict[int, int]
+) -> run_record.RunRecord:
     """Give the topic's consumer group the token's offsets; a failure is reported, not raised."""
     group = cfg.group_id
     try:
@@ -319,7 +319,7 @@ class SameTopic:
 
 def _run_record(
     planned: Planned, token: tokens.Token, report: manifest.VerifyReport, kafka: KafkaConf
-) -> status.RunRecord:
+) -> run_record.RunRecord:
     """The run's record; Kafka failing to report lag does not undo a committed run."""
     next_offsets = planned.plan.next_offsets
     offset_lag: dict[int, int] = {}
@@ -339,7 +339,7 @@ def _run_record(
         error = f"{type(err).__name__}: {err}"
         partition_lag = {}
         log.warning("topic %s: lag unknown after commit: %s", planned.topic, error)
-    return status.RunRecord(
+    return run_record.RunRecord(
         topic=planned.topic,
         seq=token.seq,
         run_id=planned.run_id,

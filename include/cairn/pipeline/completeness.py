@@ -98,7 +98,7 @@ def passed(position: dict[int, int], log: LogView, at: datetime) -> bool:
     if not behind:
         return True
     first = log.first_after(behind, _millis(at))
-    return all(first.get(p) is not None and position[p] >= first[p] for p in behind)
+    return all((f := first.get(p)) is not None and position[p] >= f for p in behind)
 
 
 def complete_through(
@@ -198,7 +198,8 @@ def complete_run(cfg: TopicConfig, storage: Storage, kafka: KafkaConf, run_id: s
     tz = cfg.tzinfo
     since = state.since
     if since is None:
-        since = (fresh[0] if fresh else newest).planned_at.astimezone(tz).date()
+        oldest = fresh[0] if fresh else newest  # a token of another kind has no planned_at
+        since = (oldest.planned_at or oldest.created_at).astimezone(tz).date()
     touched = _dates_written(storage, cfg, fresh)
     waiting = set(state.pending) | {
         d for d in touched if state.through is None or d > state.through

@@ -68,7 +68,10 @@ class Proof(BaseModel):
 
 def write_proof(storage: Storage, cfg: TopicConfig, proof: Proof) -> str:
     """Store the proof in the date folder (`_SEALED`): the last step of a seal."""
-    key = proof_key(cfg.topic, date_folder(cfg.path_format, proof.date))
+    folder = date_folder(cfg.path_format, proof.date)
+    if folder is None:
+        raise ValueError(f"{cfg.label}: path_format {cfg.path_format!r} has no date folder")
+    key = proof_key(cfg.topic_name, folder)
     stamped = proof.model_copy(update={"sealed_at": datetime.now(UTC)})
     storage.write(key, stamped.model_dump_json(indent=2).encode())
     return key
@@ -80,7 +83,7 @@ def read_proof(storage: Storage, cfg: TopicConfig, day: date) -> Proof | None:
     if folder is None:
         return None
     try:
-        return Proof.model_validate_json(storage.read(proof_key(cfg.topic, folder)))
+        return Proof.model_validate_json(storage.read(proof_key(cfg.topic_name, folder)))
     except (FileNotFoundError, ValidationError, ValueError):
         return None
 

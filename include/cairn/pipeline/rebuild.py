@@ -41,12 +41,13 @@ import fastavro
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError
 
 from cairn.datafiles.avro_file import millis, read_header
+from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.sealed_file import sources_of
 from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWriter
 from cairn.errors import PermanentError
 from cairn.formats import Registries
 from cairn.protocol import commit
-from cairn.protocol.manifest import FileEntry, VerificationFailed
+from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.tokens import Rebuilt, Token
 from cairn.storage.layout import (
     DataFile,

@@ -11,16 +11,14 @@ from collections import defaultdict
 from collections.abc import Mapping
 from datetime import datetime
 from itertools import pairwise
-from typing import Literal
 
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
+from cairn.datafiles.file_entry import FileEntry
 from cairn.errors import PermanentError
 from cairn.protocol.tokens import Counts, Gap
 from cairn.storage.layout import data_prefixes, manifest_key, parse_data_key
 from cairn.storage.objects import Storage
-
-Kind = Literal["backup", "partitioned", "quarantine"]
 
 
 class VerificationFailed(PermanentError):
@@ -29,20 +27,6 @@ class VerificationFailed(PermanentError):
 
 class CorruptManifest(PermanentError):
     """A manifest object is unreadable."""
-
-
-class FileEntry(BaseModel):
-    """One data file; offsets are of its first and last record, event times in epoch millis."""
-
-    key: str
-    kind: Kind
-    partition: NonNegativeInt
-    records: PositiveInt
-    first_offset: NonNegativeInt
-    last_offset: NonNegativeInt
-    min_event_time: int | None = None
-    max_event_time: int | None = None
-    bytes: NonNegativeInt
 
 
 class Manifest(BaseModel):

@@ -5,7 +5,7 @@ readable, at or after the position ("rewound files"). The next run reads their o
 its commit replaces exactly those files (`supersedes`), so every record is archived once again
 afterwards, and a crash or a wait at any step in between leaves them readable. Files that cannot
 be read again — Kafka's retention deleted their offsets, the topic is compacted (a re-read may
-return fewer records), or they are sealed — are adopted by the run instead (`cairn.pipeline.plan`):
+return fewer records), or they are sealed — are adopted by the run instead (`cairn.protocol.plan`):
 kept as they are, with no gap declared for offsets the archive holds.
 
 Finding rewound files is cheap when there are none, which is every run that follows a commit:
@@ -14,7 +14,7 @@ generation from the position (generations compare as numbers: `10_…` sorts bef
 when some exist are the parsed and quarantine folders listed, to find their files too.
 
 `rewind` is what the CLI does, and it refuses what the next run would not re-read (`refusal`,
-built on the same `cairn.pipeline.plan.plan` the run uses): a rewind past retention, of a compacted
+built on the same `cairn.protocol.plan.plan` the run uses): a rewind past retention, of a compacted
 topic, into sealed data, or of every token of a `latest` topic.
 """
 
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import fastavro
 
 from cairn.datafiles.avro_file import read_header, read_metadata
+from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.sealed_file import sources_of
 from cairn.errors import PermanentError
 from cairn.kafka.cluster import TopicState
-from cairn.pipeline.plan import PlanError, Span, plan
 from cairn.protocol import manifest, tokens
-from cairn.protocol.manifest import FileEntry
+from cairn.protocol.plan import PlanError, Span, plan
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import (
     DataFile,

@@ -220,6 +220,7 @@ class DataFile:
         if self.chunk is not None:
             name = sealed_file_name(self.gen, self.chunk)
         else:
+            assert self.partition is not None and self.first_offset is not None  # a run's file
             name = data_file_name(self.gen, self.partition, self.first_offset)
         return f"{self.kind}/{self.topic}/{self.folder}/{name}"
 
@@ -239,12 +240,12 @@ def parse_data_key(key: str) -> DataFile | None:
     try:
         if sealed and kind != "backup":
             gen, chunk = (int(g) for g in sealed.groups())
-            found = DataFile(kind, topic, folder, gen, None, None, chunk)  # type: ignore[arg-type]
+            found = DataFile(kind, topic, folder, gen, None, None, chunk)
         elif match:
             gen, partition, first = (int(g) for g in match.groups())
             if kind == "backup" and folder != f"partition={partition}":
                 return None
-            found = DataFile(kind, topic, folder, gen, partition, first)  # type: ignore[arg-type]
+            found = DataFile(kind, topic, folder, gen, partition, first)
         else:
             return None
         return found if found.key == key else None  # rejects non-canonical numbers
@@ -338,7 +339,7 @@ def status_folder(topic: str) -> str:
 
 
 def status_key(topic: str, seq: int) -> str:
-    """The run record of token `seq` (`cairn.views.status`)."""
+    """The run record of token `seq` (`cairn.pipeline.run_record`)."""
     return f"{status_folder(topic)}{seq:012d}.json"
 
 

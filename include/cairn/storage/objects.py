@@ -1,73 +1,59 @@
-"""One storage API for `file://` and `s3://` archive roots, on top of fsspec.
+"""One storage API for every kind of archive root: `file://`, `s3://` and, for unit tests,
+`memory://`.
 
-Everything Cairn writes goes through here, so the two promises the archive depends on hold for
-both kinds of root: an object appears whole or not at all, and `create` is an atomic
-create-if-absent (S3 `If-None-Match: *`, a hard link on local disk) that is how tokens commit.
+Everything Cairn writes goes through `Storage`, so the promises the archive depends on hold for
+every root: an object appears whole or not at all, `create` is an atomic create-if-absent (how
+tokens commit), and listings are never cached. Each kind of root is one `Backend` class
+(`cairn.storage.backend`) that keeps them, chosen by the root's scheme in `BACKENDS`: a new
+kind of store is one class and one line there.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
-import tempfile
-import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-import fsspec
+from cairn.storage.backend import Backend, ObjectExists
+from cairn.storage.in_memory import InMemory
+from cairn.storage.local_disk import LocalDisk
+from cairn.storage.s3_bucket import S3Bucket
 
-# Partial local writes live here, outside every data prefix, until they are renamed into place.
-STAGING_DIR = "_staging"
+__all__ = ["BACKENDS", "ObjectExists", "Storage"]
 
-
-class ObjectExists(Exception):
-    """`create` lost: the object was already there."""
+BACKENDS: dict[str, type[Backend]] = {"file": LocalDisk, "s3": S3Bucket, "memory": InMemory}
+"""The backend of each archive root scheme."""
 
 
 class Storage:
-    """An archive root (`file:///path` or `s3://bucket/prefix`) and the objects under it.
+    """An archive root (`file:///path`, `s3://bucket/prefix` or `memory://name`) and the objects
+    under it.
 
     Keys are relative, `/`-separated paths such as `_tokens/orders/000000000001.json`.
-    `options` go to the fsspec filesystem (for S3: `cairn.storage.s3_access.s3_options`).
+    `options` go to the backend (for S3: `cairn.storage.s3_access.s3_options`).
     """
 
     def __init__(self, url: str, **options: Any) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("file", "s3"):
-            raise ValueError(f"archive root {url!r}: scheme must be file:// or s3://")
+        scheme = urlsplit(url).scheme
+        if scheme not in BACKENDS:
+            schemes = ", ".join(f"{s}://" for s in BACKENDS)
+            raise ValueError(f"archive root {url!r}: scheme must be one of {schemes}")
         self.url = url.rstrip("/")
         self.options = options
-        self.is_local = parts.scheme == "file"
-        if self.is_local:
-            self.fs = fsspec.filesystem("file", auto_mkdir=True)
-            self.root = os.path.abspath(parts.path)
-        else:
-            if not parts.netloc:
-                raise ValueError(f"archive root {url!r}: no bucket")
-            # No listing cache, no shared instance: another process (a Spark task, a racing run)
-            # may have changed the bucket since, and every decision here must see it as it is.
-            self.fs = fsspec.filesystem(
-                "s3", skip_instance_cache=True, use_listings_cache=False, **options
-            )
-            self.root = (parts.netloc + parts.path).rstrip("/")
-
-    def path(self, key: str) -> str:
-        """The filesystem path of `key`; refuses keys that would escape the root."""
-        clean = key.strip("/")
-        if not clean or any(part in ("", ".", "..") for part in clean.split("/")):
-            raise ValueError(f"invalid storage key {key!r}")
-        return f"{self.root}/{clean}"
+        self.backend = BACKENDS[scheme](self.url, **options)
 
     def read(self, key: str) -> bytes:
-        return self.fs.cat_file(self.path(key))
+        return self.backend.read(_key(key))
 
     def read_head(self, key: str, size: int) -> bytes:
         """The first `size` bytes of `key` (all of it if smaller): one ranged request."""
-        return self.fs.cat_file(self.path(key), start=0, end=size)
+        return self.backend.read_head(_key(key), size)
 
     def exists(self, key: str) -> bool:
-        return self.fs.exists(self.path(key))
+        return self.backend.exists(_key(key))
 
     def write(self, key: str, data: bytes) -> None:
         """Write a whole object, replacing any previous one."""
@@ -76,161 +62,66 @@ class Storage:
 
     def create(self, key: str, data: bytes) -> None:
         """Create `key` only if absent; raise ObjectExists if it is already there."""
-        if self.is_local:
-            staged = self._staged(key)
-            self.fs.pipe_file(staged, data)
-            target = self.path(key)
-            self.fs.makedirs(os.path.dirname(target), exist_ok=True)
-            try:
-                os.link(staged, target)
-            except FileExistsError:
-                raise ObjectExists(key) from None
-            finally:
-                os.unlink(staged)
-            return
-        try:
-            self.fs.pipe_file(self.path(key), data, mode="create")
-        except (FileExistsError, OSError) as err:
-            if _is_precondition_failure(err):
-                raise ObjectExists(key) from None
-            raise
+        self.backend.create(_key(key), data)
 
     @contextlib.contextmanager
     def open_write(self, key: str) -> Iterator[IO[bytes]]:
         """Stream an object; it becomes visible whole on success and not at all on error.
 
         The bytes go to a local staging file first, so an open writer holds no upload buffer in
-        memory. Locally it is then renamed into place; on S3 it is uploaded in one PUT (or a
-        multipart upload, which S3 publishes only when it completes).
+        memory; the backend then publishes the finished file (a rename on local disk; on S3 one
+        PUT, or a multipart upload, which S3 publishes only when it completes).
         """
-        target = self.path(key)
-        if self.is_local:
-            staged = self._staged(key)
-            self.fs.makedirs(os.path.dirname(staged), exist_ok=True)
-        else:
-            handle, staged = tempfile.mkstemp(prefix="cairn-", suffix=".part")
-            os.close(handle)
+        checked = _key(key)
+        staged = self.backend.staging_file(checked)
         try:
             with open(staged, "wb") as out:
                 yield out
-            if self.is_local:
-                self.fs.makedirs(os.path.dirname(target), exist_ok=True)
-                os.replace(staged, target)
-            else:
-                self.fs.put_file(staged, target)
+            self.backend.publish(staged, checked)
         finally:
             if os.path.exists(staged):
                 os.unlink(staged)
 
     def open_read(self, key: str) -> IO[bytes]:
-        return self.fs.open(self.path(key), "rb")
+        return self.backend.open_read(_key(key))
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys under `prefix` (recursively), sorted; empty if the prefix does not exist."""
-        base = self.path(prefix) if prefix.strip("/") else self.root
-        try:
-            found = self.fs.find(base)
-        except FileNotFoundError:
-            return []
-        start = len(self.root) + 1
-        keys = (p[start:] for p in found if p.startswith(self.root + "/"))
-        return sorted(k for k in keys if not k.startswith(STAGING_DIR + "/"))
+        return list(self.versions(prefix))
 
     def versions(self, prefix: str = "") -> dict[str, str]:
-        """Keys under `prefix` (recursively) with their versions (`version`): one listing, no
-        request per key."""
-        base = self.path(prefix) if prefix.strip("/") else self.root
-        try:
-            found = self.fs.find(base, detail=True)
-        except FileNotFoundError:
-            return {}
-        start = len(self.root) + 1
-        return {
-            path[start:]: _version(info)
-            for path, info in sorted(found.items())
-            if path.startswith(self.root + "/") and not path[start:].startswith(STAGING_DIR + "/")
-        }
+        """Keys under `prefix` (recursively), sorted, with their versions (`version`): one
+        listing, no request per key."""
+        return self.backend.versions(_folder(prefix))
 
     def version(self, key: str) -> str:
         """What changes whenever `key` is written again: its size and ETag on S3 (a content
         digest), its size, inode and modification time on local disk. FileNotFoundError if
         absent."""
-        return _version(self.fs.info(self.path(key)))
+        return self.backend.stat(_key(key)).version
 
-    def list_after(self, prefix: str, start_after: str, beginning: str = "") -> list[str]:
+    def list_after(self, prefix: str, start_after: str, beginning: str = "") -> builtins.list[str]:
         """Keys directly in folder `prefix` whose names begin with `beginning` and sort after
         `start_after`, sorted.
 
         On S3 this is one `StartAfter` listing (narrowed to `beginning`), so finding the few
         files past a position costs the same however long the folder's history is.
         """
-        folder = prefix.rstrip("/") + "/"
-        bound = folder + start_after
-        if self.is_local:
-            return [
-                k
-                for k in self.children(folder)
-                if k > bound and not k.endswith("/") and k.startswith(folder + beginning)
-            ]
-        bucket, _, key_root = self.root.partition("/")
-        strip = len(key_root) + 1 if key_root else 0
-        folder_key = f"{key_root}/{folder}" if key_root else folder
-        kwargs = {"Bucket": bucket, "Prefix": folder_key + beginning, "Delimiter": "/"}
-        kwargs["StartAfter"] = folder_key + start_after
-        found: list[str] = []
-        while True:
-            reply = self.fs.call_s3("list_objects_v2", **kwargs)
-            found += [item["Key"][strip:] for item in reply.get("Contents", [])]
-            if not reply.get("IsTruncated"):
-                return sorted(found)
-            kwargs["ContinuationToken"] = reply["NextContinuationToken"]
+        return self.backend.list_after(_folder(prefix), start_after, beginning)
 
     def holds_any(self, prefix: str) -> bool:
         """Whether anything is under folder `prefix` (S3: one listing of at most one key)."""
-        folder = prefix.rstrip("/") + "/"
-        if self.is_local:
-            return bool(self.list(folder))
-        bucket, _, key_root = self.root.partition("/")
-        folder_key = f"{key_root}/{folder}" if key_root else folder
-        reply = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=folder_key, MaxKeys=1)
-        return bool(reply.get("Contents"))
+        return self.backend.holds_any(_folder(prefix))
 
     def name_heads(self, prefix: str, delimiter: str) -> set[str]:
         """The distinct beginnings of the names directly in folder `prefix`, up to and including
         the first `delimiter` (`10_`, `9_` for data files: their generations). On S3 this is one
         `Delimiter` listing, however many names share each beginning."""
-        folder = prefix.rstrip("/") + "/"
-        if self.is_local:
-            names = (k[len(folder) :] for k in self.children(folder) if not k.endswith("/"))
-            return {n.split(delimiter, 1)[0] + delimiter for n in names if delimiter in n}
-        bucket, _, key_root = self.root.partition("/")
-        folder_key = f"{key_root}/{folder}" if key_root else folder
-        kwargs = {"Bucket": bucket, "Prefix": folder_key, "Delimiter": delimiter}
-        found: set[str] = set()
-        while True:
-            reply = self.fs.call_s3("list_objects_v2", **kwargs)
-            heads = (item["Prefix"][len(folder_key) :] for item in reply.get("CommonPrefixes", []))
-            found |= {head for head in heads if "/" not in head}
-            if not reply.get("IsTruncated"):
-                return found
-            kwargs["ContinuationToken"] = reply["NextContinuationToken"]
+        return self.backend.name_heads(_folder(prefix), delimiter)
 
-    def children(self, prefix: str) -> list[str]:
+    def children(self, prefix: str) -> builtins.list[str]:
         """Keys and sub-folders (with a trailing `/`) directly in folder `prefix`, sorted."""
-        base = self.path(prefix)
-        try:
-            entries = self.fs.ls(base, detail=True)
-        except FileNotFoundError:
-            return []
-        start = len(self.root) + 1
-        found = []
-        for entry in entries:
-            name = entry["name"].rstrip("/")
-            if not name.startswith(self.root + "/") or name == base:
-                continue
-            key = name[start:]
-            found.append(key + "/" if entry["type"] == "directory" else key)
-        return sorted(found)
+        return self.backend.children(_key(prefix) + "/")
 
     def child(self, prefix: str) -> Storage:
         """The same root narrowed to `prefix`: what it writes lands under `prefix`."""
@@ -243,47 +134,34 @@ class Storage:
         here). A missing `source` whose `target` exists counts as already moved, so a retried
         move is harmless.
         """
-        src, dst = self.path(source), self.path(target)
-        if self.is_local:
-            self.fs.makedirs(os.path.dirname(dst), exist_ok=True)
-            try:
-                os.replace(src, dst)
-            except FileNotFoundError:
-                if not os.path.exists(dst):
-                    raise
-            return
         try:
-            self.fs.copy(src, dst)
+            self.backend.move(_key(source), _key(target))
         except FileNotFoundError:
-            if not self.fs.exists(dst):
+            if not self.backend.exists(_key(target)):
                 raise
-            return
-        self.delete(source)
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under folder `prefix`; a missing folder is not an error."""
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self.path(prefix), recursive=True)
+            self.backend.delete_prefix(_key(prefix) + "/")
 
     def size(self, key: str) -> int:
-        return self.fs.size(self.path(key))
+        return self.backend.stat(_key(key)).size
 
     def delete(self, key: str) -> None:
         """Delete `key`; deleting a missing object is not an error."""
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self.path(key))
-
-    def _staged(self, key: str) -> str:
-        return self.path(f"{STAGING_DIR}/{uuid.uuid4().hex}-{os.path.basename(key)}")
+            self.backend.delete(_key(key))
 
 
-def _version(info: dict[str, Any]) -> str:
-    tag = str(info.get("ETag") or f"{info.get('ino')}:{info.get('mtime')}").strip('"')
-    return f"{info['size']}:{tag}"
+def _key(key: str) -> str:
+    """`key` without surrounding slashes; refuses keys that would escape the root."""
+    clean = key.strip("/")
+    if not clean or any(part in ("", ".", "..") for part in clean.split("/")):
+        raise ValueError(f"invalid storage key {key!r}")
+    return clean
 
 
-def _is_precondition_failure(err: BaseException) -> bool:
-    if isinstance(err, FileExistsError):
-        return True
-    text = f"{err} {err.__cause__!r}"
-    return "PreconditionFailed" in text or "412" in text
+def _folder(prefix: str) -> str:
+    """The folder `prefix` as backends take it: `a/b/`, or empty for the whole root."""
+    return _key(prefix) + "/" if prefix.strip("/") else ""

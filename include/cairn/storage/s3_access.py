@@ -91,7 +91,7 @@ class S3Settings(BaseModel):
 
     def write_kwargs(self) -> dict[str, str]:
         """boto3 arguments every write carries."""
-        kwargs = {}
+        kwargs: dict[str, str] = {}
         if self.server_side_encryption:
             kwargs["ServerSideEncryption"] = self.server_side_encryption
         if self.sse_kms_key_id:

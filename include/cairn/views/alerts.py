@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from cairn.config import TopicConfig
-from cairn.views.status import TopicStatus
+from cairn.pipeline.run_record import TopicStatus
 
 
 class Breach(NamedTuple):

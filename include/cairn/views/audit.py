@@ -19,7 +19,7 @@ from itertools import pairwise
 from pydantic import BaseModel, Field
 
 from cairn.config import TopicConfig
-from cairn.protocol.manifest import FileEntry
+from cairn.datafiles.file_entry import FileEntry
 from cairn.storage.layout import DataFile, file_date, parse_data_key
 from cairn.storage.objects import Storage
 from cairn.views.finder import ArchiveIndex, coordinates, date_files, read_records
@@ -66,7 +66,7 @@ def audit_date(
 ) -> DateAudit:
     """Re-count `day`'s files of `cfg.topic` (see the module doc); `on_file` is called before
     each file is read (for progress)."""
-    index = ArchiveIndex(storage, cfg.topic)
+    index = ArchiveIndex(storage, cfg.topic_name)
     found = date_files(storage, cfg, day)
     files = []
     for f in found:
@@ -141,18 +141,18 @@ def _audit_sealed(storage: Storage, index: ArchiveIndex, f: DataFile) -> FileAud
 
 def _overlaps(found: list[DataFile], audits: list[FileAudit]) -> list[str]:
     """Files of one partition in one folder whose offsets overlap hold a record twice."""
+    spans: defaultdict[tuple[str, str, int | None], list[tuple[int, int, str]]]
     spans = defaultdict(list)
     for f, a in zip(found, audits, strict=True):
         if a.first_offset is not None and a.last_offset is not None:
-            spans[f.kind, f.folder, f.partition].append(a)
+            spans[f.kind, f.folder, f.partition].append((a.first_offset, a.last_offset, a.key))
     problems = []
     for same in spans.values():
-        ordered = sorted(same, key=lambda a: a.first_offset)
-        for before, after in pairwise(ordered):
-            if after.first_offset <= before.last_offset:
+        ordered = sorted(same, key=lambda span: span[0])
+        for (first, last, key), (next_first, next_last, next_key) in pairwise(ordered):
+            if next_first <= last:
                 problems.append(
-                    f"{before.key} ({before.first_offset}..{before.last_offset}) and {after.key} "
-                    f"({after.first_offset}..{after.last_offset}) overlap"
+                    f"{key} ({first}..{last}) and {next_key} ({next_first}..{next_last}) overlap"
                 )
     return problems
 
@@ -173,8 +173,9 @@ def _missing(index: ArchiveIndex, cfg: TopicConfig, day: date, present: set[str]
         f = parse_data_key(key)
         if f is None or f.kind == "backup" or _day_of(f, cfg) != day:
             continue
-        if index.entry(key) is not None:  # still current: not removed by a later rebuild
-            problems.append(f"{key} is missing ({index.entry(key).by} committed it)")
+        current = index.entry(key)
+        if current is not None:  # still current: not removed by a later rebuild
+            problems.append(f"{key} is missing ({current.by} committed it)")
     return problems
 
 

@@ -101,7 +101,7 @@ def verify_date(
     found: Counter = Counter()
     sources: set[str] = set()
     in_sealed: list[tuple[int, int]] = []
-    for f in day_versions(storage, cfg.topic, cfg.path_format, day):
+    for f in day_versions(storage, cfg.topic_name, cfg.path_format, day):
         if on_file is not None:
             on_file(f.key)
         with storage.open_read(f.key) as data:
@@ -141,7 +141,7 @@ def _of_date(
 ) -> set[tuple[int, int]]:
     """The records of backup file `key` that today's configuration files under `day`."""
     with storage.open_read(key) as data:
-        when = read_header(data).metadata.get("cairn.processing_time")
+        when = read_header(data).metadata["cairn.processing_time"]  # every data file's
     processing_time = datetime.fromisoformat(when)
     quarantine_day = processing_time.astimezone(cfg.tzinfo).date()
     parser = open_format(cfg, registries)
@@ -164,11 +164,11 @@ def _fed_by_runs(storage: Storage, cfg: TopicConfig, day: date) -> set[str]:
     """Backup files of the runs committed from the day before `day` until it was complete (or
     now) whose manifests placed a file in it."""
     folder = date_folder(cfg.path_format, day)
-    marker = read_marker(storage, cfg.topic, folder) if folder else None
+    marker = read_marker(storage, cfg.topic_name, folder) if folder else None
     start = datetime.combine(day - timedelta(days=1), datetime.min.time(), cfg.tzinfo)
     found = set()
-    for seq in tokens.seqs(storage, cfg.topic):
-        token = tokens.read(storage, cfg.topic, seq)
+    for seq in tokens.seqs(storage, cfg.topic_name):
+        token = tokens.read(storage, cfg.topic_name, seq)
         if token is None or token.kind != "archive" or token.manifest is None:
             continue
         if token.planned_at is not None and token.planned_at < start:

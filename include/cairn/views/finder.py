@@ -21,20 +21,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 from pydantic import BaseModel, ValidationError
 
 from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import read_header
+from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
 from cairn.pipeline.seal import FolderResult, SealedFile
 from cairn.pipeline.seal import load_attempt as load_seal
 from cairn.protocol import manifest, rewind, tokens
-from cairn.protocol.manifest import FileEntry, Kind, Manifest
-from cairn.storage.layout import DataFile, legacy_rebuilds_folder, link_seq, parse_data_key
+from cairn.protocol.manifest import Manifest
+from cairn.storage.layout import (
+    DataFile,
+    DataKind,
+    legacy_rebuilds_folder,
+    link_seq,
+    parse_data_key,
+)
 from cairn.storage.objects import Storage
 from cairn.topics_file import LoadResult
 
@@ -48,7 +55,7 @@ class SealedEntry:
     """A sealed file: the records of one folder, from many backup files and partitions."""
 
     key: str
-    kind: Kind
+    kind: DataKind
     records: int
     bytes: int
 
@@ -67,7 +74,7 @@ class Located:
         return self.entry.key
 
     @property
-    def kind(self) -> Kind:
+    def kind(self) -> DataKind:
         return self.entry.kind
 
 
@@ -214,7 +221,11 @@ class ArchiveIndex:
     def _adopted(self, partition: int, first: int, end: int) -> list[FileEntry]:
         """The rewound backup files a run kept for `[first, end)` of `partition`."""
         found = rewind.backups_from(self.storage, self.topic, partition, first)
-        entries = (rewind.entry_of(self.storage, f) for f in found if f.first_offset < end)
+        entries = (
+            rewind.entry_of(self.storage, f)
+            for f in found
+            if f.first_offset is not None and f.first_offset < end
+        )
         return [e for e in entries if e is not None]
 
     def seals(self) -> list[Sealing]:
@@ -242,14 +253,12 @@ class ArchiveIndex:
         if named is None or named.topic != self.topic:
             return None
         events: list[tuple[datetime, Located | None]] = []
-        if not named.sealed:
+        if named.partition is not None and named.first_offset is not None:  # not sealed
             token = self.covering(named.partition, named.first_offset)
             found = self.manifest(token) if token else None
-            for e in found.files if found else []:
-                if e.key == key:
-                    events.append(
-                        (token.created_at, Located(e, f"token {token.seq}", token.created_at))
-                    )
+            if token is not None and found is not None:
+                at, by = token.created_at, f"token {token.seq}"
+                events += [(at, Located(e, by, at)) for e in found.files if e.key == key]
         if named.kind != "backup":  # rebuilds and seals replace partitioned and quarantine files
             for r in self.rebuilds():
                 written = [e for e in r.files if e.key == key]
@@ -288,7 +297,7 @@ class ArchiveIndex:
                 return FoundRecord(backup, record, output, output_record)
         token = self.covering(partition, offset)
         gaps = [g for g in token.gaps if g.partition == partition] if token else []
-        if any(g.from_offset <= offset < g.to_offset for g in gaps):
+        if token and any(g.from_offset <= offset < g.to_offset for g in gaps):
             raise NotArchived(
                 f"{where} was lost to retention before archiving (a gap that "
                 f"token {token.seq} records, accepted by accept_gaps)"
@@ -343,7 +352,7 @@ def _legacy_rebuild(storage: Storage, key: str) -> Rebuild | None:
 def read_records(storage: Storage, key: str) -> Iterator[dict[str, Any]]:
     """The records of one Avro data file, streamed."""
     with storage.open_read(key) as f:
-        yield from fastavro.reader(f)
+        yield from cast(Iterator[dict[str, Any]], fastavro.reader(f))
 
 
 def coordinates(kind: str, row: dict[str, Any]) -> tuple[int, int]:
@@ -355,7 +364,7 @@ def coordinates(kind: str, row: dict[str, Any]) -> tuple[int, int]:
 
 def date_files(storage: Storage, cfg: TopicConfig, day: date) -> list[DataFile]:
     """A date's partitioned files (folders of the topic's path format) and quarantine files."""
-    return day_files(storage, cfg.topic, cfg.path_format, day)
+    return day_files(storage, cfg.topic_name, cfg.path_format, day)
 
 
 def quarantine_records(storage: Storage, keys: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal, NamedTuple
 
+from cairn.pipeline.run_record import RunRecord, TopicStatus
 from cairn.protocol.tokens import Counts
 from cairn.topics_file import LoadResult
-from cairn.views.status import RunRecord, TopicStatus
 
 Kind = Literal["gauge", "counter"]
 

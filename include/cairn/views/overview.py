@@ -2,9 +2,9 @@
 behind Kafka it is and how that moved over the recent runs, what its files and quarantine hold.
 
 Every number comes from objects Cairn already writes (the newest token, the run records of
-`cairn.views.status`, the data files' names, the quarantine files' `reason` field), so the page
-needs no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin only
-adds what Airflow knows (the runs' states) and renders.
+`cairn.pipeline.run_record`, the data files' names, the quarantine files' `reason` field), so the
+page needs no Kafka call and shows the same truth as the CLI and the metrics. The Airflow plugin
+only adds what Airflow knows (the runs' states) and renders.
 
 Reading is bounded: the trend is the newest `TREND_RUNS` run records, files per date come from
 one listing per output, and quarantine reasons are counted over the newest `REASON_FILES` files.
@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import io
 from collections import Counter
+from collections.abc import Iterable
 from datetime import date
+from typing import Any, cast
 
 import fastavro
 from pydantic import BaseModel
 
 from cairn.config import TopicConfig
-from cairn.pipeline import completeness
+from cairn.pipeline import completeness, run_record
 from cairn.pipeline.proof import read_proof
+from cairn.pipeline.run_record import RunRecord
 from cairn.protocol import commit
 from cairn.storage.layout import file_date, kind_folder, parse_data_key
 from cairn.storage.objects import Storage
-from cairn.views import status
-from cairn.views.status import RunRecord
 
 TREND_RUNS = 20
 """Runs the lag trend spans."""
@@ -99,15 +100,15 @@ class TopicDetail(BaseModel):
 
 def topic_overview(storage: Storage, cfg: TopicConfig, runs: int = TREND_RUNS) -> TopicOverview:
     """The topic's position, lag, trend, last run and quarantine share."""
-    return _overview(storage, cfg, status.recent(storage, cfg.topic, runs))
+    return _overview(storage, cfg, run_record.recent(storage, cfg.topic_name, runs))
 
 
 def topic_detail(
     storage: Storage, cfg: TopicConfig, runs: int = TREND_RUNS, reason_files: int = REASON_FILES
 ) -> TopicDetail:
     """The overview line plus the recent runs, files per date and quarantine reasons."""
-    recent = status.recent(storage, cfg.topic, runs)
-    reasons, read = quarantine_reasons(storage, cfg.topic, reason_files)
+    recent = run_record.recent(storage, cfg.topic_name, runs)
+    reasons, read = quarantine_reasons(storage, cfg.topic_name, reason_files)
     return TopicDetail(
         overview=_overview(storage, cfg, recent),
         runs=recent,
@@ -122,10 +123,10 @@ def files_per_date(storage: Storage, cfg: TopicConfig) -> list[DateFiles]:
     quarantine by processing date), newest date first."""
     days: dict[date, DateFiles] = {}
     for kind in ("partitioned", "quarantine"):
-        for key in storage.list(kind_folder(kind, cfg.topic)):
+        for key in storage.list(kind_folder(kind, cfg.topic_name)):
             data = parse_data_key(key)
             day = None if data is None else file_date(data, cfg.path_format)
-            if day is None:  # not a data file, or written under an earlier path format
+            if data is None or day is None:  # not a data file, or of an earlier path format
                 continue
             entry = days.setdefault(day, DateFiles(day=day))
             setattr(entry, kind, getattr(entry, kind) + 1)
@@ -148,13 +149,13 @@ def quarantine_reasons(
     newest = keys[-max_files:] if max_files > 0 else []
     counts: Counter[str] = Counter()
     for key in newest:
-        for row in fastavro.reader(io.BytesIO(storage.read(key))):
+        for row in cast(Iterable[dict[str, Any]], fastavro.reader(io.BytesIO(storage.read(key)))):
             counts[row["reason"]] += 1
     return counts.most_common(), len(newest)
 
 
 def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> TopicOverview:
-    topic = cfg.topic
+    topic = cfg.topic_name
     token = commit.newest(storage, topic)
     last = recent[0] if recent else None
     oldest_first = list(reversed(recent))
@@ -169,6 +170,6 @@ def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> To
         time_lag_trend=[r.time_lag_seconds for r in oldest_first if r.time_lag_seconds is not None],
         last=last,
         quarantined=sum(r.counts.quarantined for r in recent),
-        quarantine_ratio=status.quarantine_ratio(recent),
+        quarantine_ratio=run_record.quarantine_ratio(recent),
         last_complete=completeness.last_complete(storage, topic),
     )

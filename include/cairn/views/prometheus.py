@@ -17,7 +17,10 @@ from cairn.views.metrics import Sample
 
 __all__ = ["CONTENT_TYPE", "exposition"]
 
-_FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+_FAMILIES: dict[str, type[GaugeMetricFamily | CounterMetricFamily]] = {
+    "gauge": GaugeMetricFamily,
+    "counter": CounterMetricFamily,
+}
 
 
 class _Samples:
@@ -28,7 +31,7 @@ class _Samples:
         self.samples = list(samples)
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, tuple[Metric, list[str]]] = {}
+        families: dict[str, tuple[GaugeMetricFamily | CounterMetricFamily, list[str]]] = {}
         for s in self.samples:
             if s.name not in families:
                 keys = sorted(s.labels)

@@ -20,7 +20,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk.module_loading import import_string
 
 from cairn.config import TopicConfig
-from cairn.views import alerts, status
+from cairn.pipeline import run_record
+from cairn.views import alerts
 from cairn_airflow.dag_topics import topics_loaded
 from cairn_airflow.hooks.connections import storage
 
@@ -69,7 +70,7 @@ def archive_deadline(cfg: TopicConfig) -> DeadlineAlert:
 def check_health(cfg: TopicConfig) -> list[str]:
     """Fail the task (so the notifier is called) if the topic breaches a limit; else return
     what was checked."""
-    found = alerts.breaches(cfg, status.topic_status(storage(cfg), cfg.topic))
+    found = alerts.breaches(cfg, run_record.topic_status(storage(cfg), cfg.topic))
     if found:
         raise AirflowFailException("; ".join(map(str, found)))
     return [

@@ -19,8 +19,8 @@ import spark_jobs.main
 from cairn.config import REPO, TopicConfig
 from cairn.errors import PERMANENT_EXIT
 from cairn.jobs import ArchiveInput, JobInput, RebuildInput, SealInput, check_shared, to_env
-from cairn.pipeline.plan import Plan
 from cairn.protocol import commit
+from cairn.protocol.plan import Plan
 from cairn.topics_file import find_topic
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.catalog import catalog

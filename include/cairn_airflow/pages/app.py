@@ -50,8 +50,9 @@ from sqlalchemy import select
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
+from cairn.pipeline import run_record
 from cairn.topics_file import TopicConfigError
-from cairn.views import metrics, overview, prometheus, status
+from cairn.views import metrics, overview, prometheus
 from cairn_airflow.dag_topics import (
     DISCOVERY_DELAY,
     configured_topics,
@@ -193,7 +194,7 @@ def prometheus_metrics(reader: Annotated[BaseUser | None, Depends(metrics_reader
     found = metrics.config_samples(topics_loaded())
     for cfg in readable_topics(reader):
         try:
-            found += metrics.samples(status.topic_status(storage(cfg), cfg.topic))
+            found += metrics.samples(run_record.topic_status(storage(cfg), cfg.topic))
         except Exception:  # a scrape still serves the other topics
             log.warning("metrics of topic %s unavailable", cfg.topic, exc_info=True)
     return Response(prometheus.exposition(found), media_type=prometheus.CONTENT_TYPE)

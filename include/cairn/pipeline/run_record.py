@@ -1,4 +1,5 @@
-"""Run status: one small record per committed run, the history the overview, CLI and metrics read.
+"""The run record: one small record per committed run, which the commit writes and the overview,
+CLI and metrics read.
 
 The token says where a topic stands; it does not say how far behind Kafka the topic was when the
 run committed, nor how long the run took. A `RunRecord` keeps that, in

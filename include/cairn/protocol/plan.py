@@ -1,7 +1,8 @@
 """Planning: which offsets a run reads, decided from the newest token and Kafka's watermarks.
 
 Pure functions, so every edge (retention gaps, recreated topics, new partitions, the per-run cap)
-is decided here once and tested without Kafka.
+is decided here once and tested without Kafka. It lives in the protocol, below the pipeline,
+because a rewind (`cairn.protocol.rewind.refusal`) judges with the very rule the run plans with.
 """
 
 from __future__ import annotations
@@ -13,16 +14,10 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, Field, NonNegativeInt
 
 from cairn.errors import PermanentError
+from cairn.kafka.cluster import Watermarks
 from cairn.protocol.tokens import Gap, Token
 
 NewPartitionStart = Literal["earliest", "latest"]
-
-
-class Watermarks(NamedTuple):
-    """Kafka's offsets for a partition: the oldest still held, and the next to be written."""
-
-    low: int
-    high: int
 
 
 class PlanError(PermanentError):

@@ -1,0 +1,32 @@
+"""The storage promises (`tests/storage_promises.py`) on local disk and in memory, and what the
+storage API does with a root it has no backend for."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from cairn.storage.objects import Storage
+from tests.storage_promises import StoragePromises
+
+
+class TestLocalDisk(StoragePromises):
+    @pytest.fixture
+    def storage(self, tmp_path) -> Storage:
+        return Storage(f"file://{tmp_path}/archive")
+
+
+class TestInMemory(StoragePromises):
+    @pytest.fixture
+    def storage(self) -> Storage:
+        return Storage(f"memory://test-{uuid.uuid4().hex}")
+
+
+def test_a_root_is_served_by_the_backend_its_scheme_names(tmp_path) -> None:
+    assert type(Storage(f"file://{tmp_path}").backend).__name__ == "LocalDisk"
+    assert type(Storage("memory://roots").backend).__name__ == "InMemory"
+    with pytest.raises(ValueError, match=r"'gs://bucket/x': scheme must be one of file://, s3://"):
+        Storage("gs://bucket/x")
+    with pytest.raises(ValueError, match="no bucket"):
+        Storage("s3:///prefix")
