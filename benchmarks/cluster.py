@@ -293,7 +293,8 @@ def copy_root(source: Storage, target: Storage) -> tuple[int, float]:
     """Every object of `source` to the same key under `target`, by server-side copies."""
     start = time.perf_counter()
     keys = source.list()
-    source.fs.copy([source.path(k) for k in keys], [target.path(k) for k in keys])
+    at, to = source.backend, target.backend  # both S3 (FsspecStore): one filesystem
+    at.fs.copy([at.path(k) for k in keys], [to.path(k) for k in keys])
     if (found := len(target.list())) != len(keys):
         raise BenchError(f"copied {len(keys)} objects to {target.url}, found {found}")
     return len(keys), time.perf_counter() - start
