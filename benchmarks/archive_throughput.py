@@ -234,14 +234,17 @@ def produce(bootstrap: str, topic: str, records: int, payload_file: Path, log: P
     return seconds
 
 
-def topics_file(path: Path, topic: str, archive: Path, records: int) -> TopicConfig:
+def topics_file(path: Path, topic: str, archive: Path | str, records: int) -> TopicConfig:
+    """A topics file of one JSON topic archived afresh into `archive` (a folder, or a root's
+    URL such as `s3://<conn id>@<bucket>/<prefix>`)."""
+    root = archive.as_uri() if isinstance(archive, Path) else archive
     entry = f"""\
         topics:
           - topic: {topic}
             format: json
             schema: {SCHEMA}
             event_time: {{field: ts, encoding: iso8601}}
-            archive_root: {archive.as_uri()}
+            archive_root: {root}
             start_new_archive: true  # every round archives the topic afresh
             max_records_per_partition: {max(records, 1)}
         """
@@ -326,12 +329,16 @@ def plan_and_clean(cfg: TopicConfig, storage: Storage, bootstrap: str) -> archiv
     return planned
 
 
-def archive_input(cfg: TopicConfig, planned: archive_run.Planned, bootstrap: str) -> dict[str, str]:
+def archive_input(
+    cfg: TopicConfig, planned: archive_run.Planned, bootstrap: str, options: dict | None = None
+) -> dict[str, str]:
     """The archive job's input as the Airflow operator gives it (the environment of a
-    spark-submitted job): the topic's entry, the claim that holds the plan, Kafka's address."""
+    spark-submitted job): the topic's entry, the claim that holds the plan, Kafka's address,
+    the archive root's fsspec `options` (an S3 root's endpoint and keys)."""
     job = ArchiveInput(
         topic=cfg.snapshot(),
         claim=planned.claim.key,
+        storage_options=options or {},
         artifact=code_artifact().name,
         kafka={"bootstrap.servers": bootstrap},
         kafka_label="the benchmark's broker",
@@ -383,36 +390,59 @@ def spark_submit(
 
 
 # The Airflow task's side of a Spark Connect run: the job's `run` on a session of the server,
-# held as the operator holds it (cairn_airflow.hooks.spark_connect).
+# held as the operator holds it (cairn_airflow.hooks.spark_connect). With a digest (argv[3]),
+# the same code as if it were a new version: the session of that digest (cluster.py).
 CONNECT_CLIENT = """
 import os, sys
 from cairn.jobs import from_env
 from cairn_airflow.hooks.spark_connect import connect_session
-from cairn_airflow.spark_artifact import code_artifact
+from cairn_airflow.spark_artifact import Artifact, code_artifact
 from spark_jobs.main import run
-with connect_session(sys.argv[2], code_artifact()) as connected:  # argv[1]: for the sampler
+artifact = code_artifact()
+if len(sys.argv) > 3:
+    artifact = Artifact(artifact.path, sys.argv[3])
+with connect_session(sys.argv[2], artifact) as connected:  # argv[1]: for the sampler
     print(run(connected.session, from_env(os.environ)))
 """
 
 
-def connect_argv(url: str) -> list[str]:
+def connect_argv(url: str, digest: str | None = None) -> list[str]:
     """The job as the Airflow task runs it on a `spark_connect` connection, its input in the
     environment (`main.py` is in the command line so the sampler counts this process as the
-    job's driver)."""
-    return [sys.executable, "-c", CONNECT_CLIENT, str(JOB), url]
+    job's driver); with `digest`, on the session of a new version of the same code."""
+    return [sys.executable, "-c", CONNECT_CLIENT, str(JOB), url, *([digest] if digest else [])]
+
+
+@dataclass
+class Server:
+    """A Spark Connect server: its URL, its service, and the services whose processes also run
+    its jobs (a standalone cluster's master and workers, whose executors run the tasks)."""
+
+    url: str
+    service: services.Service
+    cluster: list[services.Service] = field(default_factory=list)
+
+    def processes(self) -> tuple[psutil.Process, ...]:
+        """The process trees sampled with the job's client."""
+        found = []
+        for service in [self.service, *self.cluster]:
+            if (pid := service.pid()) is None:
+                raise BenchError(f"{service.name} is not running; see {service.log}")
+            found.append(psutil.Process(pid))
+        return tuple(found)
 
 
 @contextlib.contextmanager
-def private_connect(state_dir: Path) -> Iterator[tuple[str, services.Service]]:
-    """A Spark Connect server as the local stack runs one (on its `spark_master`), on a free
-    port."""
+def private_connect(state_dir: Path, **settings: object) -> Iterator[Server]:
+    """A Spark Connect server as the local stack runs one (on its `spark_master`, unless
+    `settings` say otherwise), on a free port."""
     (port,) = free_port_block(1)
-    settings = StackSettings(state_dir=state_dir, spark_connect_port=port)
-    service = services.spark_connect(settings)
+    stack = StackSettings(state_dir=state_dir, spark_connect_port=port, **settings)
+    service = services.spark_connect(stack)
     with console.status("starting a private Spark Connect server"):
-        service.start(settings.start_timeout)
+        service.start(stack.start_timeout)
     try:
-        yield settings.spark_connect_url, service
+        yield Server(stack.spark_connect_url, service)
     finally:
         service.stop()
 
@@ -501,19 +531,23 @@ class Round:
     argv: list[str]
 
 
-Server = tuple[str, services.Service]
-"""A Spark Connect server's URL and service."""
-
-
 def archive_round(
-    args: argparse.Namespace, work: Path, topic: str, bootstrap: str, server: Server | None
+    args: argparse.Namespace,
+    work: Path,
+    topic: str,
+    bootstrap: str,
+    server: Server | None,
+    root: str | None = None,
+    options: dict | None = None,
+    digest: str | None = None,
 ) -> Round:
     """Plan, clean, the Spark job, verify and commit, as the archive DAG runs them, into a new
-    archive root under `work`; checks that the committed counts account for every record."""
+    archive root (`root` with fsspec `options`, else a folder under `work`); checks that the
+    committed counts account for every record. `digest`: see `connect_argv`."""
     work.mkdir()
     topics = work / "topics.yaml"
-    cfg = topics_file(topics, topic, work / "archive", args.records)
-    storage = Storage(cfg.root.storage_url)
+    cfg = topics_file(topics, topic, root or work / "archive", args.records)
+    storage = Storage(cfg.root.storage_url, **(options or {}))
     t = time.perf_counter()
     planned = plan_and_clean(cfg, storage, bootstrap)
     plan_clean_s = time.perf_counter() - t
@@ -521,15 +555,14 @@ def archive_round(
     tasks = len(planned.plan.to_read)
     spark_log, also = work / "spark.log", ()
     if server is not None:
-        url, service = server
-        argv, spark_log = connect_argv(url), service.log
-        also = (psutil.Process(service.pid()),)
+        argv, spark_log = connect_argv(server.url, digest), server.service.log
+        also = server.processes()
         tasks = 0  # the server's log counts the earlier runs' tasks too
     else:
         argv = submit_argv(JOB, [], args.driver_memory)
     first_task = len(task_seconds(spark_log)) if spark_log.exists() else 0
     load = [os.getloadavg()[0]]
-    env = archive_input(cfg, planned, bootstrap)
+    env = archive_input(cfg, planned, bootstrap, options)
     spark_s, peaks = spark_submit(argv, tasks, work / "spark.log", args.timeout, also=also, env=env)
     console.print(f"spark job finished in {spark_s:.1f}s")
     load.append(os.getloadavg()[0])
@@ -586,7 +619,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> Result:
         server = None
         if args.connect:
             server = stack.enter_context(private_connect(work / "connect"))
-            warm_up(server[0], bootstrap, work, args)
+            warm_up(server.url, bootstrap, work, args)
             notes.append(
                 "the warm-up and the measured runs join the server's shared Cairn session, as "
                 "the Airflow task's runs do (cairn_airflow.hooks.spark_connect): its Python "

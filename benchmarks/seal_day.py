@@ -75,7 +75,9 @@ from archive_throughput import (
     JobRun,
     Peaks,
     PeerRun,
+    Server,
     add_common_options,
+    connect_argv,
     console,
     delete_topic,
     event_value,
@@ -297,8 +299,10 @@ def seal_date(
     catalog: catalogs.Catalog,
     day: date,
     expected: int,
+    server: Server | None = None,
 ) -> tuple[Sealing, seal.Selection, Peaks, list[float]]:
-    """Select, the seal job through spark-submit, finish_seal: as the seal DAG runs them."""
+    """Select, the seal job through spark-submit (or as the Airflow task runs it on `server`, a
+    Spark Connect server), finish_seal: as the seal DAG runs them."""
     t = time.perf_counter()
     target = iceberg.target(catalog, cfg.topic)
     chosen = seal.select(storage, cfg, day, f"bench-{uuid.uuid4().hex[:6]}", target)
@@ -308,19 +312,23 @@ def seal_date(
     job = SealInput(
         topic=cfg.snapshot(),
         claim=chosen.claim.key,
+        storage_options=storage.options,
         artifact=code_artifact().name,
         table_options=iceberg.storage_options(catalog),
         table_location=chosen.table.location if chosen.table else None,
     )
-    argv = submit_argv(JOB, [], args.driver_memory)
+    argv, tasks, also = submit_argv(JOB, [], args.driver_memory), len(chosen.folders), ()
+    if server is not None:  # its tasks show in the server's log, not in this one
+        argv, tasks, also = connect_argv(server.url), 0, server.processes()
     log = work / "seal.log"
     load = [os.getloadavg()[0]]
     job_s, peaks = spark_submit(
         argv,
-        len(chosen.folders),
+        tasks,
         log,
         args.timeout,
-        label="sealing (spark-submit)",
+        label="sealing (Spark Connect)" if server else "sealing (spark-submit)",
+        also=also,
         env=to_env(job),
     )
     load.append(os.getloadavg()[0])
@@ -346,7 +354,10 @@ def seal_date(
         if len(files) > max(1, math.ceil(size / target_bytes)):
             raise BenchError(f"{folder.folder}: {len(files)} files for {size:,} bytes")
     shown = [shlex.quote(a) for a in argv]
-    shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
+    if server is not None:
+        shown[2] = "<the job's run() on a session of the server>"
+    else:
+        shown[argv.index("--jars") + 1] = "<.cairn/jars/spark/*.jar, comma-separated>"
     return (
         Sealing(
             select_seconds=round(select_s, 3),
