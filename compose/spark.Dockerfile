@@ -1,7 +1,7 @@
 # The Spark cluster's image (docker-compose.yml: master, workers, Spark Connect server): Java 17,
 # the Airflow image's Python version (functions pickled by the driver in an Airflow task run on
 # the executors), pyspark, and the executors' packages from requirements-cluster.txt. Nothing of
-# Cairn: each job ships its code as an artifact (README, Running on your cluster), and
+# Cairn: each job ships its code as an artifact (docs/operating.md, Running on your cluster), and
 # spark_jobs.executors checks this Python when a job starts.
 # Build context: the repository root (see docker-compose.yml); spark.Dockerfile.dockerignore
 # sends only the two files below.

@@ -108,12 +108,12 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         @task(task_id="check_health", retries=0)
         def health(summary: dict) -> list[str]:
             """Fail, calling the notifier, if the topic is past max_time_lag or
-            max_quarantine_ratio (README, Operating)."""
+            max_quarantine_ratio (docs/operating.md, Alerts)."""
             return check_health(cfg)
 
         @task(trigger_rule=TriggerRule.NONE_FAILED)
         def complete() -> dict:
-            """Write `_SUCCESS` into dates that became complete or changed (README)."""
+            """Write `_SUCCESS` into dates that became complete or changed (docs/table.md)."""
             run_id = get_current_context()["run_id"]
             with fail_fast():
                 done = completeness.complete_run(cfg, storage(cfg), kafka_conf(), run_id)

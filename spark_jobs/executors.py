@@ -109,7 +109,7 @@ def check(wanted: dict[str, Any]) -> None:
         raise RuntimeError(
             f"{MARK} the executors' Python ({sys.executable} on {socket.gethostname()}) needs "
             f"{', '.join(problems)}; install requirements-cluster.txt into the cluster's Python "
-            "(README, Running on your cluster)"
+            "(docs/operating.md, Running on your cluster)"
         )
     os.environ[_CHECKED] = wanted["digest"]
 
@@ -137,8 +137,8 @@ def translated() -> Iterator[None]:
         if missing:
             raise ExecutorsUnfit(
                 f"the executors' Python cannot import {missing[1]!r}; install "
-                "requirements-cluster.txt into the cluster's Python (README, Running on your "
-                "cluster)"
+                "requirements-cluster.txt into the cluster's Python (docs/operating.md, "
+                "Running on your cluster)"
             ) from None
         raise
 

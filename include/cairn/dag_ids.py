@@ -7,8 +7,8 @@ those characters, so every topic of at most `MAX_TOPIC_LENGTH` characters has it
 never contains `__`, so the first `__` splits an id back into kind and topic, however many `__`
 or dots the topic holds.
 
-Before, dots were spelled `__dot__` (`archive__orders__dot__eu`); README, "DAG ids", says what an
-existing deployment does about the change.
+Before, dots were spelled `__dot__` (`archive__orders__dot__eu`); docs/configuration.md, "DAG
+ids", says what an existing deployment does about the change.
 """
 
 from __future__ import annotations

@@ -105,6 +105,6 @@ def check_shared(master: str, locations: Iterable[tuple[str, str]]) -> None:
         if url.startswith("file:"):
             raise LocalStorageOnCluster(
                 f"{what} {url} is a local folder, but Spark runs on {master}, whose executors "
-                "on other machines cannot share it: use an s3:// location (README, Running on "
-                "your cluster), or a local[N] master"
+                "on other machines cannot share it: use an s3:// location (docs/operating.md, "
+                "Running on your cluster), or a local[N] master"
             )

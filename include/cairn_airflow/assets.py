@@ -1,5 +1,5 @@
-"""A topic's Airflow asset and its events: one per date that became complete (README,
-Completeness), the date as the event's partition key."""
+"""A topic's Airflow asset and its events: one per date that became complete
+(docs/table.md, Complete dates), the date as the event's partition key."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def remember_lag(topic: str, time_lag_seconds: float | None) -> None:
             lag_variable(topic),
             str(round(time_lag_seconds, 3)),
             description="Written by Cairn's archive runs: the time lag (seconds) the topic's last "
-            "run left; orders the topics' Spark jobs (README, Many topics).",
+            "run left; orders the topics' Spark jobs (docs/operating.md, Many topics).",
         )
     except Exception as err:
         log.warning(

@@ -39,7 +39,7 @@ def remember_root(cfg: TopicConfig) -> None:
                 cfg.archive_root,
                 description="Written by Cairn's archive runs: the archive root the topic's last "
                 "commit went to; a first run at another root is refused while this one holds "
-                "the topic's tokens (README, A changed archive root is refused).",
+                "the topic's tokens (docs/configuration.md, A changed archive root is refused).",
             )
     except Exception as err:
         log.warning(

@@ -58,7 +58,8 @@ class AirflowAPI:
             self.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
-        """A run with no logical date (no data interval), as the README's REST examples make."""
+        """A run with no logical date (no data interval), as docs/operating.md's REST examples
+        make."""
         body = {"logical_date": None} | ({"conf": conf} if conf else {})
         return self.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
 

@@ -1,8 +1,8 @@
 """Through the real Airflow 3 scheduler, with the Spark connection pointing at the Spark Connect
 server and the archive on S3: a triggered run archives the topic, and a run stopped by the
 per-run cap triggers the next one at once until the backlog is drained; the rebuild DAG runs
-by backfill, by clearing, and by a REST trigger with no logical date; the README's REST
-examples and seal loop run as written; a root without its AWS connection fails at once, its
+by backfill, by clearing, and by a REST trigger with no logical date; the docs' REST examples
+and seal loop run as written; a root without its AWS connection fails at once, its
 cause on the overview page."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from tests.integration.test_rebuild import NOON as REBUILD_NOON
 from tests.integration.test_rebuild import folders_of, sent_late
 
 DAG_ID = "archive__e2e.orders"
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
@@ -176,11 +177,12 @@ def test_rebuild_triggered_through_rest_without_a_logical_date(
     assert all(t.run_id != reversed_id for t in tokens.list_tokens(storage, E2E_FIXED))
 
 
-def test_the_readme_backfill_command_rebuilds_a_date_that_already_has_a_run(
+def test_the_documented_backfill_command_rebuilds_a_date_that_already_has_a_run(
     airflow, kafka, s3, stack_settings
 ) -> None:
-    """README's command (`airflow backfill create … --reprocess-behavior completed`, run as
-    `cairn_stack airflow` runs it) rebuilds a date again; Airflow's default behavior skips it."""
+    """docs/recovery.md's command (`airflow backfill create … --reprocess-behavior completed`,
+    run as `cairn_stack airflow` runs it) rebuilds a date again; Airflow's default behavior skips
+    it."""
     dag_id = archive_fixed(airflow, kafka)
     storage = Storage(f"s3://{stack_settings.bucket}/{E2E_PREFIX}", **s3)
     day = REBUILD_NOON.date().isoformat()
@@ -205,14 +207,14 @@ def test_the_readme_backfill_command_rebuilds_a_date_that_already_has_a_run(
     assert backfill() == first + 1  # `none`, the default: the date has a run, nothing happens
 
 
-def test_the_readme_rest_examples_trigger_each_dag_kind(airflow, kafka, s3, stack_settings):
-    """README "Triggering through the REST API", run by bash as written (the stack's address,
-    and this stack's topic and dates in place of the demo's): an archive, a rebuild and a seal
-    run, each with no logical date, all succeed."""
+def test_the_documented_rest_examples_trigger_each_dag_kind(airflow, kafka, s3, stack_settings):
+    """docs/operating.md "Triggering through the REST API", run by bash as written (the stack's
+    address, and this stack's topic and dates in place of the demo's): an archive, a rebuild and
+    a seal run, each with no logical date, all succeed."""
     airflow.wait_for_dag("seal__e2e.fixed")  # unpaused: Airflow drops asset events for paused DAGs
     dag_id = archive_fixed(airflow, kafka)
     airflow.wait_for_runs("seal__e2e.fixed", timeout=900)  # the seal the archive run started
-    script = readme_block("trigger archive__").replace("http://127.0.0.1:8080", airflow.base)
+    script = docs_block("trigger archive__").replace("http://127.0.0.1:8080", airflow.base)
     script = for_this_stack(script, airflow.settings)
 
     done = subprocess.run(
@@ -233,15 +235,17 @@ def test_the_readme_rest_examples_trigger_each_dag_kind(airflow, kafka, s3, stac
     assert rebuilt["kind"] == "rebuild" and "2024-05-01" in rebuilt["rebuilt"]["dates"]
 
 
-def test_the_readme_seal_loop_triggers_one_seal_run_per_date(airflow, kafka, s3, stack_settings):
-    """README "Sealed dates": the loop of `cairn_stack airflow dags trigger seal__… -c …`, run
-    by bash as written (this venv's Python, this stack's topic and dates), makes one run per
+def test_the_documented_seal_loop_triggers_one_seal_run_per_date(
+    airflow, kafka, s3, stack_settings
+):
+    """docs/table.md "Sealed dates": the loop of `cairn_stack airflow dags trigger seal__… -c …`,
+    run by bash as written (this venv's Python, this stack's topic and dates), makes one run per
     date with that date as its param, and each succeeds."""
     dag_id = "seal__e2e.fixed"
     airflow.wait_for_dag(dag_id)  # unpaused before the archive run announces its date
     archive_fixed(airflow, kafka)
     before = {r["dag_run_id"] for r in airflow.wait_for_runs(dag_id, timeout=900)}
-    script = readme_block("dags trigger seal__").replace(".venv/bin/python", sys.executable)
+    script = docs_block("dags trigger seal__").replace(".venv/bin/python", sys.executable)
     script = for_this_stack(script, airflow.settings)
 
     subprocess.run(
@@ -291,15 +295,19 @@ def test_an_s3_root_without_its_connection_fails_at_once_its_cause_on_the_overvi
         topics_file.unlink()
 
 
-def readme_block(marker: str) -> str:
-    """The README's bash block that contains `marker`."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+def docs_block(marker: str) -> str:
+    """The one bash block of the README and docs/ that contains `marker`."""
+    blocks = [
+        block
+        for doc in DOCS
+        for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), flags=re.DOTALL)
+    ]
     (found,) = [b for b in blocks if marker in b]
     return found
 
 
 def for_this_stack(script: str, settings) -> str:
-    """A README command for the demo stack, made to act on this stack's E2E_FIXED topic and the
+    """A documented command for the demo stack, made to act on this stack's E2E_FIXED topic and the
     days it archived (2024-05-01 on) in place of the demo's, as this stack's user."""
     script = script.replace("cairn.demo.events", E2E_FIXED)
     for demo_day, day in (("11-19", "05-01"), ("11-20", "05-02"), ("11-21", "05-03")):

@@ -447,7 +447,7 @@ class Scenario:
     def rewind(self) -> str:
         seqs = tokens.seqs(self.storage, self.topic)
         doomed = seqs[-self.rng.randint(1, 2) :]
-        for seq in reversed(doomed):  # by hand, newest first, as the README allows
+        for seq in reversed(doomed):  # by hand, newest first, as docs/recovery.md allows
             self.storage.delete(token_key(self.topic, seq))
         return f"rewind tokens {doomed}"
 

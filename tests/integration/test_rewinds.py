@@ -1,6 +1,7 @@
 """Rewinds and the commit protocol against real Kafka and Spark: the sequences that used to lose,
-duplicate or strand records (Trust II), each with the operation the README allows (hand and CLI
-rewinds, retention, generation changes, `latest` topics, added partitions) at the worst moment."""
+duplicate or strand records (Trust II), each with the operation docs/recovery.md allows (hand and
+CLI rewinds, retention, generation changes, `latest` topics, added partitions) at the worst
+moment."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_rewound_files_stay_readable_until_the_commit_and_survive_retention_mean
     produce_run(kafka, archiver, cfg, 0, 5)
     produce_run(kafka, archiver, cfg, 5, 15)
     storage = archiver.storage(cfg)
-    storage.delete(token_key(topic_name, 2))  # a rewind by hand, as the README allows
+    storage.delete(token_key(topic_name, 2))  # a rewind by hand, as docs/recovery.md allows
 
     waiting = archiver.plan(cfg)
     archive_run.clean_run(storage, waiting)  # the clean task; the Spark task now waits for a slot

@@ -221,7 +221,7 @@ def test_a_hand_rewind_past_retention_keeps_the_archived_records_it_cannot_read_
     produce(kafka, topic_name, [event(i, NOW) for i in range(5, 20)], partition=0)
     archiver.run(cfg)
     storage = archiver.storage(cfg)
-    storage.delete(token_key(topic_name, 2))  # a rewind by hand, as the README allows
+    storage.delete(token_key(topic_name, 2))  # a rewind by hand, as docs/recovery.md allows
     delete_records(kafka, topic_name, before=10)
     before = {k: storage.read(k) for k in storage.list() if k.startswith("backup/")}
 

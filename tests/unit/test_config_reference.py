@@ -1,5 +1,5 @@
-"""The config reference lists every key of the model, and the README and the topics file's
-header hold it as `python -m cairn config-reference` prints it, so the docs cannot drift."""
+"""The config reference lists every key of the model, and docs/configuration.md and the topics
+file's header hold it as `python -m cairn config-reference` prints it, so the docs cannot drift."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def test_the_cli_prints_it(capsys) -> None:
     assert capsys.readouterr().out == reference()
 
 
-def test_the_readme_and_the_topics_file_header_hold_it_as_printed() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert f"```text\n{reference()}```" in readme
+def test_the_configuration_guide_and_the_topics_file_header_hold_it_as_printed() -> None:
+    guide = (REPO / "docs" / "configuration.md").read_text()
+    assert f"```text\n{reference()}```" in guide
     header = (REPO / "include" / "topics.yaml").read_text().split("\ndefaults:")[0]
     commented = "".join(f"# {line}".rstrip() + "\n" for line in reference().splitlines())
     assert commented in header + "\n"

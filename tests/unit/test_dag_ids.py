@@ -27,7 +27,7 @@ def test_ids_of_different_topics_or_kinds_never_collide():
     assert len(set(made)) == len(made)
 
 
-def test_the_readme_example():
+def test_the_documented_example():
     assert dag_id("archive", "cairn.demo.events") == "archive__cairn.demo.events"
 
 

@@ -1,32 +1,17 @@
 """Sealing: a complete date of a topic becomes a few large files, its partition of the topic's
 Iceberg table, and a proof of completeness.
 
-Archive runs leave a date in many small files (one per Kafka partition, event-time folder and
-run, plus late records). Once the date is complete (`cairn.pipeline.completeness`), sealing it
-is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the seal DAG
-runs them; `seal_folder` runs on Spark executors, one task per folder):
+A seal is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the seal
+DAG runs them; `seal_folder` runs on Spark executors, one task per folder): `select` lists the
+date's files with their versions and claims the attempt; `seal_folder` merges a folder's files
+block by block into `<gen>_sealed_<n>.avro` files in the attempt's staging, each naming in its
+header the backup files and offsets its records came from, and decodes each record once for the
+table's Parquet files and the proof's counts; `finish_seal` commits (`commit_seal`), replaces the
+date in the table (`cairn.table.iceberg`), writes the proof `_SEALED` and keeps the table
+(`cairn.table.upkeep`).
 
-1. `select`: the date's files — its partitioned folders and the quarantine of that processing
-   date — with their versions. A date already sealed is sealed again only when its unsealed part
-   (late records, a rebuild) reaches `reseal_files` files or `reseal_mb`. Claims a seal attempt
-   that holds the selection.
-2. The Spark job: `seal_folder` merges each folder's files block by block, copying their
-   compressed blocks as they are, into files of at most `seal_target_file_mb` named
-   `<gen>_sealed_<n>.avro` in the attempt's staging (files written with another schema are
-   re-encoded to the newest one). Each sealed file's header names the backup files its records
-   came from and their offsets, so it stays re-derivable from the backup
-   (`cairn.pipeline.rebuild`). The same task decodes each record once, to write the table's
-   Parquet files and to count, per Kafka partition and backup file, the offsets that fed the
-   date (the proof).
-3. `commit_seal`: checks that the sealed files hold exactly the records of the files they
-   replace, commits (the files replaced must still be the ones selected), replaces the date's
-   partition of the topic's table in one snapshot whose summary carries the topic, the token and
-   the offsets (`cairn.table.iceberg`), and writes the proof `_SEALED` into the date folder.
-
-Backup files are not merged: they are named after the Kafka coordinates of their first record,
-one per run and partition, which is what lets a record's coordinates name its backup file and a
-rewind find what it takes back; merging them would trade that away for fewer, larger files in a
-folder that only re-derivations and audits read.
+docs/table.md says what sealing does and why (backup files are not merged, late data, the table,
+the proof); docs/protocol.md describes the commit protocol a seal goes through.
 """
 
 from __future__ import annotations

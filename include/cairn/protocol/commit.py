@@ -1,54 +1,17 @@
-"""The commit protocol: the one place where an attempt's work becomes part of the archive.
+"""The commit protocol's one commit site: where an attempt's work becomes part of the archive.
 
 Every change to a topic's data folders (an archive run, a rebuild, a seal) is an *attempt* that
-becomes one token of the topic's chain (`cairn.protocol.tokens`). In the spirit of a table commit
-with requirements (pyiceberg's `AssertRefSnapshotId`, the coordinator of Iceberg's Kafka Connect
-sink), an attempt:
+becomes one token of the topic's chain (`cairn.protocol.tokens`). This module holds what an
+attempt goes through: its claim (`claim`, `Claim`: the plan, under `_claims/`; `check_live`
+before every later step), its staging (`staged`), the requirements its change must meet
+(`Requirement`: `SamePosition`, `NewestClaim`, `NotRewound`, `FilesCurrent`, `NothingOverwritten`,
+`InTime`, each with one `check`), `commit` (settle the newest token, check the requirements, mark
+the publication pending, create the next token if absent) and `publish`, which moves the staged
+files into place; `settle` finds the newest token that counts and finishes a publication a crash
+left. What an attempt that never commits leaves is removed by `cairn.protocol.leftovers`.
 
-1. **claims**: it creates `_claims/<topic>/<kind>/<seq>-<k>.json` holding its whole plan (the
-   next free `k`, create-if-absent; `seq` is the token after the one it planned from), so its
-   Spark job reads the plan by reference. For archive runs the newest claim on a `seq` is the
-   live one: a stale plan (a backfill beside a scheduled run, an old run cleared and re-run, a
-   second deployment) fails fast at its next `check_live`.
-2. **stages** its files under `_attempts/<topic>/<attempt>/` with their final keys, so a reader
-   of the data folders never sees them and a fenced-out attempt (a zombie Spark job) can only
-   ever write there.
-3. **commits** through `commit`, the one commit site. It takes the newest token that counts
-   (`settle`: a crashed commit's publication is finished first), checks the attempt's
-   requirements against it (an archive run: the position is still the one it planned from and
-   its claim is the newest; a rebuild or seal: the files it replaces are still there and the
-   position was not rewound below what it read), marks the publication pending
-   (`_publishing/<topic>/<attempt>.json`) and creates the next token with an atomic
-   create-if-absent (S3 `If-None-Match: *`, a hard link on local disk). If another commit took
-   that seq first, the requirements are checked again against the new newest token: a rebuild
-   commits after the archive runs that committed meanwhile, a second archive run stops.
-4. **publishes**: the staged files (and the attempt's manifest) move into place, the files the
-   token replaces are deleted (parsed and quarantine files before backup files), and every file
-   the token promises is checked to be in its data folder with its size; only then do the
-   staging and, last, the pending mark go. Anyone may finish a pending publication, and a
-   publication is never taken as done because something is missing: a crashed commit is
-   finished by the next attempt.
-
-An attempt that never commits (refused, fenced, crashed, past its deadline) leaves its claim
-withdrawn and nothing else: `cairn.protocol.leftovers` removes its staging, pending mark and the
-files it wrote outside the archive root. A commit checks, right after writing its pending mark,
-that its claim was not withdrawn, so a sweep never removes what a commit is publishing.
-
-**Which token counts.** The newest token is the position if its publication is whole and it
-stands on the token it was created on (it names that token's creation time). A rewind deletes
-tokens from the newest down. A token whose publication is still pending above a missing or
-replaced token (what a hand rewind leaves when it races a commit), and a token whose staged files
-are gone before they were published, are removed by the next `settle`, with a warning naming
-them: their offsets are read again, and their files, like every rewound file, stay in place
-until a commit holds those offsets again (`cairn.protocol.rewind`). A published token whose
-predecessor was deleted afterwards (a token deleted below the newest) still counts: its records
-are in the archive, so the deletion is a hole in the history, not a rewind, and `settle` warns
-of it. So a record whose token counts is in the archive, and only deleting the newest tokens
-moves the position back.
-
-**Costs.** Finding the newest token is one listing that starts at a known seq (the newest a commit
-recorded in `_heads/<topic>.json`, or the attempt's own base), never a listing of the whole chain;
-checking a claim lists only its seq's claims; a commit reads its own claim once.
+docs/protocol.md describes the protocol once: the steps, which token counts, what an attempt
+leaves behind, what a rewind does to files, and what each costs.
 """
 
 from __future__ import annotations
@@ -491,8 +454,8 @@ def publish(storage: Storage, token: Token) -> None:
 
 
 def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | None:
-    """The newest token that counts, with its publication finished (module doc, "Which token
-    counts"); tokens that do not count are removed, with a warning naming them."""
+    """The newest token that counts, with its publication finished (docs/protocol.md, "Which
+    token counts"); tokens that do not count are removed, with a warning naming them."""
     while True:
         newest = _newest(storage, topic, hint)
         if newest is None:

@@ -179,7 +179,7 @@ def refusal(
         return (
             f"topic {topic!r}: the next run could not read again what the rewound runs archived "
             f"({where}): {why}. Rewind less, or re-derive the output from the backup with the "
-            "rebuild DAG (README, Operating)"
+            "rebuild DAG (docs/recovery.md)"
         )
     return None
 

@@ -56,7 +56,7 @@ class ConnectionMissing(PermanentError):
             f"topic {topic!r}: no Airflow connection {conn_id!r} for its s3:// archive root; "
             f"create it (`airflow connections add {conn_id} --conn-type aws --conn-login <key> "
             f"--conn-password <secret> --conn-extra '{{\"region_name\": …}}'`, or the variable "
-            f'AIRFLOW_CONN_{conn_id.upper()} as JSON; README "AWS"), then clear the task'
+            f'AIRFLOW_CONN_{conn_id.upper()} as JSON; docs/operating.md "AWS"), then clear the task'
         )
 
 

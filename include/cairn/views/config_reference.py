@@ -1,8 +1,9 @@
 """Every key of a topics file, generated from the configuration model so the docs cannot drift.
 
-`python -m cairn config-reference` prints it; the header of include/topics.yaml and the README
-hold the same text, and a unit test keeps them equal. Each key shows its type, its default and
-its field's description (the docstring under the field in `cairn.config.TopicConfig`).
+`python -m cairn config-reference` prints it; the header of include/topics.yaml and
+docs/configuration.md hold the same text, and a unit test keeps them equal. Each key shows its
+type, its default and its field's description (the docstring under the field in
+`cairn.config.TopicConfig`).
 """
 
 from __future__ import annotations

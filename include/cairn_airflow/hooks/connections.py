@@ -68,7 +68,8 @@ def storage(cfg: TopicConfig) -> Storage:
         raise LocalStorageOnCluster(
             f"{cfg.label}: archive root {cfg.archive_root} is a local folder, but Airflow runs "
             f"tasks with {distributed[0].strip()}, whose workers may be on other machines and "
-            "each would see its own folder: use an s3:// root (README, Running on your cluster)"
+            "each would see its own folder: use an s3:// root (docs/operating.md, Running on "
+            "your cluster)"
         )
     return Storage(cfg.root.storage_url, **storage_options(cfg))
 

@@ -1,9 +1,9 @@
 """When a topic needs a person: the configured notifier, the run deadline, the health check and
 the config check.
 
-Four things call the notifier (`CAIRN_NOTIFIER`, README "Alerts"): an archive task that failed
-for good, an archive run still unfinished `max_run_duration` after it was queued (an Airflow
-Deadline Alert), the `check_health` task, which fails when the topic is past one of its
+Four things call the notifier (`CAIRN_NOTIFIER`, docs/operating.md "Alerts"): an archive task
+that failed for good, an archive run still unfinished `max_run_duration` after it was queued (an
+Airflow Deadline Alert), the `check_health` task, which fails when the topic is past one of its
 limits (`cairn.views.alerts`), and `check_config`, when the topics files gain a mistake.
 """
 

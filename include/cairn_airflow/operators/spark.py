@@ -39,7 +39,8 @@ SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
 SPARK_POOL = os.environ.get("CAIRN_SPARK_POOL", "cairn_spark")
 """The Airflow pool every Cairn Spark task (archive, rebuild, seal) takes one slot of, so its
 slots cap how many Spark jobs run at once. Airflow does not create it: a task in a missing pool
-waits in `scheduled` for ever (the local stack and docker-compose.yml create it; README)."""
+waits in `scheduled` for ever (the local stack and docker-compose.yml create it;
+docs/operating.md, Many topics)."""
 SPARK_JARS_DIR = Path(os.environ.get("CAIRN_JARS_DIR", REPO / ".cairn" / "jars")) / "spark"
 
 Job = Literal["archive", "rebuild", "seal"]
