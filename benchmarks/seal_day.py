@@ -28,7 +28,8 @@ and after; and the S3 requests of a seal as sealed dates accumulate. The Seal is
 5. **S3 requests per seal** (`--skip-requests` skips): a private SeaweedFS with its metrics, a
    second topic whose dates (`--date-records` each) are archived and sealed one after the other,
    its table on the same S3; the requests of each seal's select, seal job (on a local
-   SparkSession in this process, as `requests_per_run.py` runs its jobs) and finish_seal, and the
+   SparkSession in this process, as `requests_per_run.py` runs its jobs; the seals between the
+   measured ones run the job's tasks in-process, without Spark) and finish_seal, and the
    table's metadata after it (its metadata file's size, the files in its metadata folder, its
    snapshots and manifests, its offset index file's size), for the first `--measured` dates and
    after `--sealed-history` sealed dates. The topic keeps `--snapshot-age` of table snapshots:
@@ -62,10 +63,11 @@ import time
 import uuid
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import fastavro
 import numpy as np
@@ -100,6 +102,7 @@ from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import completeness, seal
 from cairn.pipeline.proof import Proof
 from cairn.pipeline.rebuild import day_files
+from cairn.protocol import commit
 from cairn.storage.layout import DataFile, date_folder, kind_folder
 from cairn.storage.objects import Storage
 from cairn.table import catalog as catalogs
@@ -513,7 +516,9 @@ def requests_per_seal(
                     producer.send(topic, n % args.partitions, _millis(at), event_value(n, at, rng))
                 producer.close()
                 history_run(cfg, storage, kafka)
-                proof, steps = counted_seal(storage, cfg, catalog, day, spark, options, metrics)
+                shown = i < args.measured or i >= args.sealed_history  # the rest: history
+                job = spark_seal(spark) if shown else history_seal
+                proof, steps = counted_seal(storage, cfg, catalog, day, job, options, metrics)
                 if not proof.partitioned == proof.table_records == args.date_records:
                     raise BenchError(f"{day}: sealed {proof.partitioned} records")
                 found.append(
@@ -542,19 +547,44 @@ def table_size(catalog: catalogs.Catalog, topic: str) -> dict[str, int]:
     }
 
 
+SealJob = Callable[[seal.Selection, Any, dict, dict], str]
+"""A seal's job: (chosen, cfg, options, table options) → its manifest's key."""
+
+
+def spark_seal(spark) -> SealJob:
+    """The seal job on `spark`, as the seal DAG runs it."""
+    from spark_jobs.seal import seal as seal_job
+
+    return lambda chosen, cfg, options, table_options: seal_job(
+        spark, chosen, cfg, options, table_options
+    )
+
+
+def history_seal(chosen: seal.Selection, cfg, options: dict, table_options: dict) -> str:
+    """What the seal job's tasks and driver do, in this process and without Spark: for the
+    history between the measured seals (as `history_run` archives), so 1,000 sealed dates
+    take minutes. The files, manifest and table commit are the job's own."""
+    storage = Storage(cfg.root.storage_url, **options)
+    staged = commit.staged(storage, chosen.claim)
+    table = Storage(chosen.table.location, **table_options) if chosen.table else None
+    results = [
+        seal.seal_folder(chosen, index, cfg.codec, storage, staged, table)
+        for index in range(len(chosen.folders))
+    ]
+    return seal.save_attempt(storage, chosen, results)
+
+
 def counted_seal(
     storage: Storage,
     cfg,
     catalog: catalogs.Catalog,
     day: date,
-    spark,
+    job: SealJob,
     options: dict,
     metrics: str,
 ) -> tuple[Proof, dict[str, Counter]]:
-    """One seal of `day` as the seal DAG runs it, its job on `spark`; the S3 requests that
-    SeaweedFS answered during each step."""
-    from spark_jobs.seal import seal as seal_job
-
+    """One seal of `day` as the seal DAG runs it, its job `job`; the S3 requests that SeaweedFS
+    answered during each step."""
     step, counts = counting(metrics)
 
     def select() -> seal.Selection | None:  # the DAG's select task finds the table first
@@ -564,7 +594,7 @@ def counted_seal(
     if chosen is None:
         raise BenchError(f"select found nothing to seal in {day}")
     table_options = iceberg.storage_options(catalog)
-    step("seal job", lambda: seal_job(spark, chosen, cfg, options, table_options))
+    step("seal job", lambda: job(chosen, cfg, options, table_options))
     found = iceberg.catalog_of(catalog)
     return step("finish", lambda: seal.finish_seal(storage, cfg, chosen, found)), counts
 
