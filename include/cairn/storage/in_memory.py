@@ -92,7 +92,7 @@ class InMemory(Backend):
             found = self._objects.pop(self._path(source), None)
             if found is None:
                 raise FileNotFoundError(source)
-            self._objects[self._path(target)] = (found[0], next(self._writes), datetime.now(UTC))
+            self._objects[self._path(target)] = found  # as a rename on disk: the same version
 
     def delete(self, key: str) -> None:
         with self._lock:
