@@ -562,8 +562,8 @@ def spark_seal(spark) -> SealJob:
 
 def history_seal(chosen: seal.Selection, cfg, options: dict, table_options: dict) -> str:
     """What the seal job's tasks and driver do, in this process and without Spark: for the
-    history between the measured seals (as `history_run` archives), so 1,000 sealed dates
-    take minutes. The files, manifest and table commit are the job's own."""
+    history between the measured seals (as `history_run` archives), so a long history costs no
+    Spark job per date. The files, manifest and table commit are the job's own."""
     storage = Storage(cfg.root.storage_url, **options)
     staged = commit.staged(storage, chosen.claim)
     table = Storage(chosen.table.location, **table_options) if chosen.table else None
