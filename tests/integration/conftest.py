@@ -168,3 +168,22 @@ def stack_env(settings: StackSettings) -> dict[str, str]:
         if value is not None:
             found[f"CAIRN_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
     return found
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (by parent pid), as they are now."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, ValueError):
+                continue
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(child for child, parent in parents.items() if parent == pid)
+    return tree

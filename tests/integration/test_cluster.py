@@ -46,7 +46,7 @@ from tests.conftest import (
     E2E_WAREHOUSE,
     E2E_WORKERS,
 )
-from tests.integration.conftest import read_archive
+from tests.integration.conftest import process_tree, read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once, event
 from tests.integration.test_completeness import failed_tasks
 
@@ -292,25 +292,6 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     assert re.search(r"Starting task \d+\.1 in stage", said), "no task of the job ran again"
     contents = read_archive(archive_root(settings, s3), E2E_WORKERS)
     assert_exactly_once(contents, all_offsets(offsets_now(kafka)))
-
-
-def process_tree(root: int) -> list[int]:
-    """`root` and every process below it (by parent pid), as they are now."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, ValueError):
-                continue
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(child for child, parent in parents.items() if parent == pid)
-    return tree
 
 
 def kill_worker(settings: StackSettings, name: str) -> list[int]:

@@ -31,7 +31,7 @@ from cairn_airflow.spark_artifact import code_artifact
 from cairn_stack import services
 from cairn_stack.demo import create_topic, produce
 from spark_jobs.archive import ARROW_CONF
-from tests.integration.conftest import Archiver, read_archive
+from tests.integration.conftest import Archiver, process_tree, read_archive
 from tests.integration.test_archive import all_offsets, assert_exactly_once
 from tests.integration.test_rebuild import DAY, NOON, folders_of, sent_late
 from tests.integration.test_secured_kafka import LABEL, WRONG_PASSWORD, changed, create_and_fill
@@ -188,18 +188,8 @@ def test_a_refused_login_fails_with_kafka_access_denied_and_no_secret_reaches_th
 def server_processes(settings) -> dict[int, str]:
     """argv and environment of the Spark Connect server and all its descendants (its Python
     daemons make process groups of their own)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except OSError:
-                continue
-    found, todo = {}, [services.spark_connect(settings).pid()]
-    while todo:
-        pid = todo.pop()
+    found = {}
+    for pid in process_tree(services.spark_connect(settings).pid()):
         try:
             found[pid] = " ".join(
                 (Path(f"/proc/{pid}") / name).read_bytes().decode(errors="replace")
@@ -207,7 +197,6 @@ def server_processes(settings) -> dict[int, str]:
             )
         except OSError:
             continue
-        todo.extend(child for child, parent in parents.items() if parent == pid)
     return found
 
 
