@@ -216,11 +216,20 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
     assert "CeleryExecutor" in cause and "\n" not in cause
 
 
-def running_tasks(settings: StackSettings, worker: int) -> set[str]:
-    """The tasks the worker's executors are running: started in their logs, not ended."""
+def executor_logs(settings: StackSettings, worker: int) -> dict[Path, int]:
+    """Each executor log of the worker, with how much of it is written so far."""
+    logs = (settings.state_dir / "spark" / f"worker-{worker}").glob("app-*/*/stderr")
+    return {log: log.stat().st_size for log in logs}
+
+
+def running_tasks(settings: StackSettings, worker: int, since: dict[Path, int]) -> set[str]:
+    """The tasks the worker's executors started after `since` (the logs' sizes then) and have
+    not ended: an executor an earlier test killed left tasks that never end in its log."""
     running = set()
-    for log in (settings.state_dir / "spark" / f"worker-{worker}").glob("app-*/*/stderr"):
-        text = log.read_text()
+    for log in executor_logs(settings, worker):
+        with log.open("rb") as f:
+            f.seek(since.get(log, 0))
+            text = f.read().decode(errors="replace")
         started = set(re.findall(r"Running task \S+ in stage \S+ \(TID (\d+)\)", text))
         ended = re.findall(
             r"(?:Finished|killed|Exception in) task \S+ in stage \S+ \(TID (\d+)", text
@@ -276,9 +285,10 @@ def test_a_spark_worker_killed_mid_archive_job_loses_and_doubles_nothing(
     settings = cluster_settings
     server_log = services.spark_connect(settings).log
     seen = len(server_log.read_text())
+    before = executor_logs(settings, 2)
 
     def kill_worker_2(run_id: str) -> bool:
-        if not running_tasks(settings, 2):
+        if not running_tasks(settings, 2, before):
             return False
         os.killpg(spark_worker(settings, 2).pid(), signal.SIGKILL)
         return True
