@@ -14,7 +14,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from cairn.datafiles.avro_file import Header
-from cairn.datafiles.sealed_file import SOURCES, SourceSpan
+from cairn.datafiles.sealed_file import SOURCES, SourceSpan, checksum_share
 from cairn.datafiles.writer import KafkaRecord
 from cairn.formats.base import output_schema
 from cairn.kafka.cluster import TopicState, Watermarks
@@ -116,7 +116,7 @@ def test_a_complete_date_becomes_one_sealed_file_per_folder_holding_exactly_its_
     assert (proof.files_before, proof.files_after) == (len(files_before), len(after))
     assert proof.partitioned == sum(1 for k in before if k[0] == "p")
     assert proof.quarantined == sum(1 for k in before if k[0] == "q")
-    shares = sum(proof_of.checksum_share(p, o) for _, p, o in before)
+    shares = sum(checksum_share(p, o) for _, p, o in before)
     assert proof.checksum == str(shares)
     token = commit.newest(storage, TOPIC)
     assert (token.kind, token.sealed.date, token.next_offsets) == ("seal", D2, {0: 11, 1: 7})

@@ -50,6 +50,7 @@ from cairn.datafiles.sealed_file import (
     ReEncoded,
     SealedFileWriter,
     SourceSpan,
+    SourceTally,
     canonical,
     sources_of,
 )
@@ -58,7 +59,6 @@ from cairn.formats.base import output_schema
 from cairn.pipeline import completeness
 from cairn.pipeline.proof import (
     Proof,
-    SourceTally,
     mark_expired,
     merged,
     offset_ranges,
