@@ -97,6 +97,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from requests_per_run import counting, history_run, private_s3, topic_config
 
 from cairn.datafiles.avro_file import read_header
+from cairn.datafiles.seal_writer import seal_folder
 from cairn.jobs import SealInput, to_env
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import completeness, seal
@@ -568,7 +569,7 @@ def history_seal(chosen: seal.Selection, cfg, options: dict, table_options: dict
     staged = commit.staged(storage, chosen.claim)
     table = Storage(chosen.table.location, **table_options) if chosen.table else None
     results = [
-        seal.seal_folder(chosen, index, cfg.codec, storage, staged, table)
+        seal_folder(chosen, index, cfg.codec, storage, staged, table)
         for index in range(len(chosen.folders))
     ]
     return seal.save_attempt(storage, chosen, results)
@@ -610,7 +611,7 @@ def profile_folder(chosen: seal.Selection, unsealed_root: Path, work: Path, code
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
-    result = seal.seal_folder(
+    result = seal_folder(
         chosen,
         index,
         codec,

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cairn.pipeline.seal import Selection, seal_folder
+from cairn.datafiles.seal_writer import seal_folder
+from cairn.pipeline.seal import Selection
 from cairn.storage.objects import Storage
 
 

@@ -3,8 +3,9 @@
 Only adapts Spark to the core: each folder of the date (its event-time folders and its
 quarantine) becomes one Spark task that merges the folder's files into sealed files in the
 seal's staging area and writes its parsed records to the table's Parquet files
-(`cairn.pipeline.seal.seal_folder`); the driver saves what each task wrote in the attempt's
-manifest. It commits nothing: the seal DAG's `commit` task does (`cairn.pipeline.seal.finish_seal`).
+(`cairn.datafiles.seal_writer.seal_folder`); the driver saves what each task wrote in the
+attempt's manifest. It commits nothing: the seal DAG's `commit` task does
+(`cairn.pipeline.seal.finish_seal`).
 `run` takes the job's `SealInput` (`cairn.jobs`); the selection arrives by reference (the claim
 object), with the storage and table options in the input.
 """
@@ -18,15 +19,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from cairn.config import TopicConfig
+from cairn.datafiles.seal_writer import FolderResult, seal_folder
 from cairn.jobs import SealInput
-from cairn.pipeline.seal import (
-    FolderResult,
-    Selection,
-    check_inputs,
-    load_selection,
-    save_attempt,
-    seal_folder,
-)
+from cairn.pipeline.seal import Selection, check_inputs, load_selection, save_attempt
 from cairn.protocol import commit
 from cairn.storage.objects import Storage
 from spark_jobs.executors import guarded, requirements, translated

@@ -7,7 +7,12 @@ import random
 
 import numpy as np
 
-from cairn.pipeline.proof import CHECKSUM_MODULUS, SourceTally, checksum_share, checksum_sum
+from cairn.datafiles.sealed_file import (
+    CHECKSUM_MODULUS,
+    SourceTally,
+    checksum_share,
+    checksum_sum,
+)
 
 BIG = 2**63 - 1  # the largest offset a Kafka log can hold
 

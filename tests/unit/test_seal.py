@@ -13,8 +13,8 @@ import fastavro
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from cairn.datafiles.avro_file import Header
-from cairn.datafiles.sealed_file import SOURCES, SourceSpan
+from cairn.datafiles import seal_writer
+from cairn.datafiles.sealed_file import checksum_share
 from cairn.datafiles.writer import KafkaRecord
 from cairn.formats.base import output_schema
 from cairn.kafka.cluster import TopicState, Watermarks
@@ -58,7 +58,7 @@ def sealed(storage: Storage, cfg, day: date, catalog=None, table=None) -> proof_
     staged = commit.staged(storage, chosen.claim)
     where = Storage(table.location) if table else None
     results = [
-        seal.seal_folder(chosen, i, cfg.codec, storage, staged, where)
+        seal_writer.seal_folder(chosen, i, cfg.codec, storage, staged, where)
         for i in range(len(chosen.folders))
     ]
     seal.save_attempt(storage, chosen, results)
@@ -116,7 +116,7 @@ def test_a_complete_date_becomes_one_sealed_file_per_folder_holding_exactly_its_
     assert (proof.files_before, proof.files_after) == (len(files_before), len(after))
     assert proof.partitioned == sum(1 for k in before if k[0] == "p")
     assert proof.quarantined == sum(1 for k in before if k[0] == "q")
-    shares = sum(proof_of.checksum_share(p, o) for _, p, o in before)
+    shares = sum(checksum_share(p, o) for _, p, o in before)
     assert proof.checksum == str(shares)
     token = commit.newest(storage, TOPIC)
     assert (token.kind, token.sealed.date, token.next_offsets) == ("seal", D2, {0: 11, 1: 7})
@@ -179,7 +179,7 @@ def test_a_seal_whose_files_changed_meanwhile_changes_nothing(tmp_path, storage)
     chosen = seal.select(storage, cfg, D2, "seal-run")
     staged = commit.staged(storage, chosen.claim)
     results = [
-        seal.seal_folder(chosen, i, cfg.codec, storage, staged, None)
+        seal_writer.seal_folder(chosen, i, cfg.codec, storage, staged, None)
         for i in range(len(chosen.folders))
     ]
     seal.save_attempt(storage, chosen, results)
@@ -394,7 +394,7 @@ def test_a_seal_that_stopped_before_its_proof_or_had_no_table_is_sealed_again_wh
     chosen = seal.select(storage, cfg, D2, "seal-run")
     staged = commit.staged(storage, chosen.claim)
     results = [
-        seal.seal_folder(chosen, i, cfg.codec, storage, staged, None)
+        seal_writer.seal_folder(chosen, i, cfg.codec, storage, staged, None)
         for i in range(len(chosen.folders))
     ]
     seal.save_attempt(storage, chosen, results)
@@ -413,13 +413,13 @@ def test_a_seal_that_stopped_before_its_proof_or_had_no_table_is_sealed_again_wh
     assert sealed(storage, cfg, D2, catalog, table) is None
 
 
-@pytest.mark.parametrize("whole_bytes", [seal._READ_WHOLE_BYTES, 0])
+@pytest.mark.parametrize("whole_bytes", [seal_writer._READ_WHOLE_BYTES, 0])
 def test_the_table_holds_each_sealed_record_s_values_however_its_inputs_are_read(
     tmp_path, storage, monkeypatch, whole_bytes
 ):
     """Inputs up to `_READ_WHOLE_BYTES` are read once, larger ones twice; either way the table's
     rows are the sealed records, field by field (a union of several types as JSON)."""
-    monkeypatch.setattr(seal, "_READ_WHOLE_BYTES", whole_bytes)
+    monkeypatch.setattr(seal_writer, "_READ_WHOLE_BYTES", whole_bytes)
     cfg = config(tmp_path)
     build_archive(storage, cfg)
     complete_through(storage, D3)
@@ -527,34 +527,6 @@ def test_timestamps_reach_the_sealed_files_and_the_table_unchanged_from_either_s
         assert table_rows[key] == expected
     assert before[1, 0]["seen"].microsecond % 1000 == 7  # micros kept
     assert before[1, 0]["local"].tzinfo is None and before[1, 0]["when"].microsecond == 9000
-
-
-def test_records_of_a_sealed_input_are_told_apart_by_the_backup_file_its_header_lists():
-    spans = [
-        SourceSpan(
-            source=f"b{n}", processing_time=f"t{n}", partition=p, first=f, last=la, records=1
-        )
-        for n, (p, f, la) in enumerate([(0, 0, 9), (0, 20, 29), (1, 0, 99)])
-    ]
-    header = Header(
-        schema="{}",
-        codec="null",
-        metadata={SOURCES: json.dumps([s.model_dump() for s in spans])},
-        sync=b"0" * 16,
-    )
-    sources = seal._Sources(header, "sealed.avro", "partitioned")
-    records = [{"_kafka_partition": p, "_kafka_offset": o} for p, o in [(0, 25), (1, 5), (0, 9)]]
-
-    split = {
-        source: list(zip(p.tolist(), o.tolist(), strict=True))
-        for source, p, o in sources.split(records)
-    }
-
-    assert split == {("b0", "t0"): [(0, 9)], ("b1", "t1"): [(0, 25)], ("b2", "t2"): [(1, 5)]}
-    for outside in [(0, 15), (0, 30), (2, 0)]:
-        record = {"_kafka_partition": outside[0], "_kafka_offset": outside[1]}
-        with pytest.raises(seal.SealRefused, match=f"record {outside[0]}@{outside[1]} is in no"):
-            list(sources.split([*records, record]))
 
 
 def test_a_proof_whose_table_snapshot_was_expired_says_so_and_verify_tells(tmp_path, storage):

@@ -13,7 +13,8 @@ format, is counted alike (`avro_file.FileStats`) and recorded alike (`file_entry
 - `fastpath`: the JVM side of the writer, the Spark SQL that encodes backup datums and parses
   JSON values.
 - `writer`: the archive's one-pass writer, routing each Kafka record to its files.
-- `sealed_file`: a sealed file and the backup offsets its header lists.
+- `sealed_file`: a sealed file, the backup offsets its header lists, and their tally for a proof.
+- `seal_writer`: the seal's writer, one folder's files merged into sealed files and table files.
 - `parquet_file`: the Iceberg table's files, written from Arrow batches (`ParquetFileWriter`).
 - `file_entry`: what a manifest records of each file.
 """

@@ -1,10 +1,11 @@
 """A sealed date's proof of completeness, and the checksum it carries.
 
 Sealing a date (`cairn.pipeline.seal`) counts, per Kafka partition and backup file, the offsets
-whose records are in the date (`SourceTally`), and sums a checksum share of every record. The
-proof (`Proof`) is stored in the date folder as `_SEALED` and, in short, in the table
-snapshot's summary (`table_summary`); `python -m cairn verify --date` recomputes it from the
-files, the backup and the tokens (`cairn.views.date_check`).
+whose records are in the date, and sums a checksum share of every record (`SourceTally` and
+`checksum_share` in `cairn.datafiles.sealed_file`, where the seal's tasks count them). The proof
+(`Proof`) is stored in the date folder as `_SEALED` and, in short, in the table snapshot's summary
+(`table_summary`); `python -m cairn verify --date` recomputes it from the files, the backup and
+the tokens (`cairn.views.date_check`).
 """
 
 from __future__ import annotations
@@ -24,25 +25,6 @@ from cairn.table.offset_index import Ranges, covering
 if TYPE_CHECKING:
     from cairn.config import TopicConfig
 
-CHECKSUM_MODULUS = 4_294_967_291
-"""A record's share of a date's checksum is `((partition * 1000003 + offset) * 2654435761) mod`
-this prime: a number below 2**32 that Spark SQL and Python both compute exactly, so the sum
-over a date's records (and their count) changes when any record goes missing or doubles."""
-
-
-def checksum_share(partition: int, offset: int) -> int:
-    """One record's share of its date's checksum (see `CHECKSUM_MODULUS`)."""
-    return ((partition * 1000003 + offset) * 2654435761) % CHECKSUM_MODULUS
-
-
-def checksum_sum(partitions: np.ndarray, offsets: np.ndarray) -> int:
-    """The sum of `checksum_share` over many records at once, exact in 64 bits: each factor is
-    reduced below the modulus (< 2**32) before it is multiplied."""
-    m = np.uint64(CHECKSUM_MODULUS)
-    p, o = partitions.astype(np.uint64) % m, offsets.astype(np.uint64) % m
-    x = (p * np.uint64(1000003) % m + o) % m
-    return int((x * np.uint64(2654435761) % m).sum(dtype=np.uint64))
-
 
 class Proof(BaseModel):
     """A sealed date's proof of completeness (`_SEALED`, and the table snapshot's summary): which
@@ -56,7 +38,7 @@ class Proof(BaseModel):
     partitioned: NonNegativeInt
     quarantined: NonNegativeInt
     checksum: str
-    """The sum of the date's records' checksum shares (`checksum_share`)."""
+    """The sum of the date's records' checksum shares (`sealed_file.checksum_share`)."""
     files_before: NonNegativeInt
     files_after: NonNegativeInt
     token_seq: NonNegativeInt = 0
@@ -128,50 +110,6 @@ def offset_ranges(proof: Proof) -> Ranges:
         for p, spans in sorted(proof.partitions.items())
         if spans
     }
-
-
-class SourceTally:
-    """Per backup file and Kafka partition: the offsets and records seen, and the checksum."""
-
-    def __init__(self) -> None:
-        self.found: dict[tuple[str | None, int], list] = {}
-        self.records = self.checksum = 0
-
-    def add(self, p: np.ndarray, o: np.ndarray, source: tuple[str | None, str | None]) -> None:
-        """Count records of one backup file `source` (its key, and the processing time it was
-        parsed with) by their Kafka partitions `p` and offsets `o`: column by column, since a
-        sealed date's records pass here and a Python call each would cost more than the rest of
-        the tally."""
-        for partition in np.unique(p):
-            mine = o[p == partition]
-            first, last = int(mine.min()), int(mine.max())
-            self._include((source[0], int(partition)), first, last, len(mine), source[1])
-        self.records += len(p)
-        self.checksum += checksum_sum(p, o)
-
-    def merge(self, other: SourceTally) -> None:
-        for key, (first, last, n, when) in other.found.items():
-            self._include(key, first, last, n, when)
-        self.records += other.records
-        self.checksum += other.checksum
-
-    def _include(
-        self, key: tuple[str | None, int], first: int, last: int, n: int, when: str | None
-    ) -> None:
-        mine = self.found.get(key)
-        self.found[key] = (
-            [first, last, n, when]
-            if mine is None
-            else [min(mine[0], first), max(mine[1], last), mine[2] + n, when]
-        )
-
-    def spans(self) -> list[SourceSpan]:
-        return [
-            SourceSpan(source=s, processing_time=w, partition=p, first=f, last=la, records=n)
-            for (s, p), (f, la, n, w) in sorted(
-                self.found.items(), key=lambda item: (item[0][1], item[1][0])
-            )
-        ]
 
 
 def merged(before: SourceSpan | None, span: SourceSpan) -> SourceSpan:

@@ -125,10 +125,10 @@ def spark_conf(catalog: Catalog) -> dict[str, str]:
     """The Spark settings that make `catalog` Spark SQL's catalog `catalog.name`."""
     props: dict[str, str] = {"warehouse": catalog.warehouse}
     if catalog.type == "jdbc":
-        props |= {"type": "jdbc", "uri": catalog.uri, "jdbc.schema-version": "V1"}
+        props |= {"type": "jdbc", "uri": _uri(catalog), "jdbc.schema-version": "V1"}
         props |= _login({"jdbc.user": catalog.user, "jdbc.password": catalog.password})
     elif catalog.type == "rest":
-        props |= {"type": "rest", "uri": catalog.uri} | _credential(catalog)
+        props |= {"type": "rest", "uri": _uri(catalog)} | _credential(catalog)
     else:
         props["type"] = "glue"
     if (s3 := catalog.s3) is not None:
@@ -146,7 +146,7 @@ def pyiceberg_properties(catalog: Catalog) -> dict[str, str]:
     if catalog.type == "jdbc":
         props |= {"type": "sql", "uri": _sqlalchemy_url(catalog), "schema_version": "v1"}
     elif catalog.type == "rest":
-        props |= {"type": "rest", "uri": catalog.uri} | _credential(catalog)
+        props |= {"type": "rest", "uri": _uri(catalog)} | _credential(catalog)
     else:
         props["type"] = "glue"
     if (s3 := catalog.s3) is not None:
@@ -200,6 +200,13 @@ def _s3_login(s3: S3Access) -> dict[str, str]:
     )
 
 
+def _uri(catalog: Catalog) -> str:
+    """The uri of a jdbc or rest catalog, which `Catalog` requires of them."""
+    if catalog.uri is None:
+        raise ValueError(f"catalog {catalog.name}: a {catalog.type} catalog needs a uri")
+    return catalog.uri
+
+
 def _credential(catalog: Catalog) -> dict[str, str]:
     if catalog.user is None:
         return {}
@@ -210,7 +217,7 @@ def _credential(catalog: Catalog) -> dict[str, str]:
 def _sqlalchemy_url(catalog: Catalog) -> str:
     """The JDBC URL as SQLAlchemy's (psycopg2), with the login in it: pyiceberg's SqlCatalog
     takes one URL. Query parameters pass through; they must be ones libpq knows."""
-    parts = urlsplit(catalog.uri.removeprefix("jdbc:"))
+    parts = urlsplit(_uri(catalog).removeprefix("jdbc:"))
     login = ""
     if catalog.user is not None:
         password = catalog.password.get_secret_value() if catalog.password else ""

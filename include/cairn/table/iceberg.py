@@ -186,7 +186,10 @@ def _replace(
     commit is refused."""
     paths = [f"{table.location().rstrip('/')}/{f}" for f in files]
     added = [parquet_file_to_data_file(table.io, table.metadata, p) for p in paths]
-    old = [task.file for task in table.scan(row_filter=EqualTo(EVENT_DATE, day)).plan_files()]
+    old = [
+        task.file
+        for task in table.scan(row_filter=EqualTo(term=EVENT_DATE, value=day)).plan_files()
+    ]
     index = offset_index.load(table)
     moved = rewrites(table, day, paths, held, index, attempt_id)
     pointer = offset_index.store(table, index | {day: held})
@@ -222,7 +225,7 @@ def _landed(table: Table, attempt_id: str) -> int | None:
 
 def date_records(table: Table, day: date) -> int:
     """Records of partition `day` now (from the data files' counts: no data is read)."""
-    tasks = table.scan(row_filter=EqualTo(EVENT_DATE, day)).plan_files()
+    tasks = table.scan(row_filter=EqualTo(term=EVENT_DATE, value=day)).plan_files()
     return sum(task.file.record_count for task in tasks)
 
 
@@ -232,7 +235,7 @@ def date_snapshot(catalog: IcebergCatalog, topic: str, day: date) -> dict[str, s
         table = catalog.load_table(f"{NAMESPACE}.{table_name(topic)}")
     except NoSuchTableError:
         return None
-    for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number, reverse=True):
+    for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number or 0, reverse=True):
         summary = snapshot.summary.additional_properties if snapshot.summary else {}
         if summary.get("cairn.date") == day.isoformat():
             return summary | {"snapshot-id": str(snapshot.snapshot_id)}

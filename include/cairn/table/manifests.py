@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import date
+from typing import cast
 
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import ManifestContent, ManifestEntry, ManifestEntryStatus, ManifestFile
@@ -91,13 +92,14 @@ class MonthlyOverwrite(_OverwriteFiles):
     def _month(self, manifest: ManifestFile) -> Month | None:
         """The month all of a manifest's files are in (None: several, or it does not say)."""
         at = self._dates.get(manifest.partition_spec_id)
-        if at is None or len(manifest.partitions or []) <= at:
+        partitions = manifest.partitions or []
+        if at is None or len(partitions) <= at:
             return None
-        bounds = manifest.partitions[at]
+        bounds = partitions[at]
         if bounds.lower_bound is None or bounds.upper_bound is None:
             return None
         low, high = (
-            days_to_date(from_bytes(DateType(), b))
+            days_to_date(cast(int, from_bytes(DateType(), b)))  # pyiceberg: any primitive value
             for b in (bounds.lower_bound, bounds.upper_bound)
         )
         same = (low.year, low.month) == (high.year, high.month)

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.expressions import (
     And,
+    BooleanExpression,
     EqualTo,
     GreaterThanOrEqual,
     In,
@@ -67,17 +68,23 @@ def rewrites(
     others = [d for d, ranges in index.items() if d != day and offset_index.overlaps(held, ranges)]
     if not paths or not others:
         return []
-    near = [
-        And(EqualTo(PARTITION, int(p)), GreaterThanOrEqual(OFFSET, a), LessThanOrEqual(OFFSET, b))
+    near: list[BooleanExpression] = [
+        And(
+            EqualTo(term=PARTITION, value=int(p)),
+            GreaterThanOrEqual(term=OFFSET, value=a),
+            LessThanOrEqual(term=OFFSET, value=b),
+        )
         for p, ranges in held.items()
         for a, b in ranges
     ]
-    tasks = table.scan(row_filter=And(In(EVENT_DATE, others), reduce(Or, near))).plan_files()
+    tasks = table.scan(
+        row_filter=And(In(term=EVENT_DATE, literals=others), reduce(Or, near))
+    ).plan_files()
     if not tasks:
         return []
     ours = _kafka_columns(table, paths)
     at = offset_index.date_positions(table)
-    found = []
+    found: list[Rewrite] = []
     for task in tasks:
         f = task.file
         rows = pq.read_table(table.io.new_input(f.file_path).open())

@@ -30,6 +30,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import date
+from typing import cast
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -37,7 +38,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import NestedField
+from pyiceberg.types import NestedField, PrimitiveType
 from pyiceberg.utils.datetime import days_to_date
 
 from cairn.datafiles.parquet_file import EVENT_DATE
@@ -145,7 +146,7 @@ def _kafka_bounds(
     (every partition they span gets the whole offset span), or its rows if it has none."""
     low, high = f.lower_bounds or {}, f.upper_bounds or {}
     if all(c.field_id in low and c.field_id in high for c in kafka):
-        p, o = ([from_bytes(c.field_type, b[c.field_id]) for b in (low, high)] for c in kafka)
+        p, o = ([_bound(c, b) for b in (low, high)] for c in kafka)
         yield from ((partition, o[0], o[1]) for partition in range(p[0], p[1] + 1))
         return
     with table.io.new_input(f.file_path).open() as data:
@@ -153,6 +154,12 @@ def _kafka_bounds(
     by = rows.group_by(kafka[0].name).aggregate([(kafka[1].name, "min_max")])
     for partition, bounds in zip(*(by.column(i).to_pylist() for i in (1, 0)), strict=True):
         yield partition, bounds["min"], bounds["max"]
+
+
+def _bound(column: NestedField, bounds: dict[int, bytes]) -> int:
+    """A Kafka column's value in a data file's lower or upper `bounds`: the column is an int or
+    a long, which pyiceberg types as any Iceberg type and any primitive value."""
+    return cast(int, from_bytes(cast(PrimitiveType, column.field_type), bounds[column.field_id]))
 
 
 def store(table: Table, index: Index) -> str:

@@ -217,7 +217,9 @@ def _unreferenced(
     for snapshot in [current, *(s for s in table.snapshots() if s != current)]:
         if snapshot is None or not found:
             break
-        scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=EqualTo(EVENT_DATE, day))
+        scan = table.scan(
+            snapshot_id=snapshot.snapshot_id, row_filter=EqualTo(term=EVENT_DATE, value=day)
+        )
         found -= {task.file.file_path.removeprefix(f"{location}/") for task in scan.plan_files()}
     return sorted(found)
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from cairn.datafiles.avro_file import millis, read_header
-from cairn.datafiles.sealed_file import sources_of
+from cairn.datafiles.sealed_file import checksum_share, sources_of
 from cairn.formats import Registries, open_format
 from cairn.formats.base import KafkaCoords, Parsed
 from cairn.pipeline.completeness import read_marker
-from cairn.pipeline.proof import checksum_share, read_proof
+from cairn.pipeline.proof import read_proof
 from cairn.pipeline.rebuild import day_versions
 from cairn.protocol import manifest, tokens
 from cairn.storage.layout import date_folder, file_date, folder_date, parse_data_key

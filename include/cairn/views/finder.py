@@ -29,9 +29,9 @@ from pydantic import BaseModel, ValidationError
 from cairn.config import TopicConfig
 from cairn.datafiles.avro_file import read_header
 from cairn.datafiles.file_entry import FileEntry
+from cairn.datafiles.seal_writer import FolderResult, SealedFile
 from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
-from cairn.pipeline.seal import FolderResult, SealedFile
 from cairn.pipeline.seal import load_attempt as load_seal
 from cairn.protocol import manifest, rewind, tokens
 from cairn.protocol.manifest import Manifest
