@@ -9,14 +9,14 @@ written again exactly once, whichever dates a fix moves records between; records
 R stay where they are (rebuild their dates to re-derive them). If any record cannot be accounted
 for, the rebuild refuses and changes nothing.
 
-A rebuild is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the
-rebuild DAG runs them; `rebuild_source` runs on Spark executors, one task per backup file):
+A rebuild is an attempt (`cairn.protocol.attempt`, `REBUILD`), step by step (the rebuild DAG runs
+them; `rebuild_source` runs on Spark executors, one task per backup file):
 1. `select`: take the newest token (files committed after it are left alone); list R's files
    below its position; find each file's backup source in its Avro header (`cairn.source`,
    `cairn.processing_time`); claim a rebuild attempt, storing the selection in the claim.
 2. `rebuild_source`: read the source's files in R to learn which records to re-derive, re-parse
    exactly those from the backup with the archive attempt's processing time, and stage the new
-   files. The Spark job saves what each source gave in the attempt's manifest.
+   files. The Spark job saves what each source gave in the attempt's manifest (`save_attempt`).
 3. `commit_rebuild` (an Airflow task, like an archive run's commit): check that every record was
    written once, then commit through `cairn.protocol.commit.commit` with the requirements that the
    files it replaces are unchanged, that its new files overwrite nothing else, and that the topic
@@ -38,7 +38,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import fastavro
-from pydantic import BaseModel, Field, NonNegativeInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt
 
 from cairn.datafiles.avro_file import millis, read_header
 from cairn.datafiles.file_entry import FileEntry
@@ -47,16 +47,11 @@ from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWr
 from cairn.errors import PermanentError
 from cairn.formats import Registries
 from cairn.protocol import commit, leftovers
-from cairn.protocol.format_version import Versioned, naming
+from cairn.protocol.attempt import Attempts, Claimed
+from cairn.protocol.format_version import Versioned
 from cairn.protocol.manifest import VerificationFailed
-from cairn.protocol.tokens import Rebuilt, Token
-from cairn.storage.layout import (
-    DataFile,
-    day_prefixes,
-    file_date,
-    manifest_key,
-    parse_data_key,
-)
+from cairn.protocol.tokens import RebuildPayload, Rebuilt, Token
+from cairn.storage.layout import DataFile, day_prefixes, file_date, parse_data_key
 from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
@@ -112,16 +107,11 @@ class Source(BaseModel):
     """For a sealed file among them: the offsets its records from this source have."""
 
 
-class Selection(BaseModel):
+class Selection(Claimed):
     """What one rebuild operation re-derives; stored in its claim."""
 
-    claim: commit.Claim
     dates: list[date]
     sources: list[Source]
-
-    @property
-    def manifest_key(self) -> str:
-        return manifest_key(self.claim.topic, self.claim.attempt_id)
 
 
 class RebuildResult(BaseModel):
@@ -148,11 +138,19 @@ class RebuildAttempt(Versioned):
         return [f for r in self.results for f in r.files]
 
 
+REBUILD = Attempts(
+    "rebuild", Selection, RebuildAttempt, VerificationFailed, what="rebuild manifest"
+)
+load_claimed = REBUILD.load
+"""The selection stored in a claim object (how the Spark job receives it)."""
+load_attempt = REBUILD.load_attempt
+
+
 def select(
     storage: Storage, cfg: TopicConfig, dates: Iterable[date], run_id: str
 ) -> Selection | None:
     """Claim a rebuild of `dates`; None if there is nothing to re-derive there."""
-    topic = cfg.topic
+    topic = cfg.topic_name
     newest = commit.settle(storage, topic)
     leftovers.sweep(storage, topic)
     if newest is None:
@@ -172,41 +170,19 @@ def select(
     def made(claim: commit.Claim) -> Selection:
         return Selection(claim=claim, dates=days, sources=sources)
 
-    claim = commit.claim(
-        storage,
-        topic,
-        "rebuild",
-        newest,
-        run_id,
-        lambda c: made(c).model_dump_json().encode(),
-        cfg.attempt_timeout,
-    )
-    return made(claim)
-
-
-def load_selection(storage: Storage, claim_key: str) -> Selection:
-    return Selection.model_validate_json(storage.read(claim_key))
+    return REBUILD.claim(storage, topic, newest, run_id, made, cfg.attempt_timeout)
 
 
 def save_attempt(storage: Storage, chosen: Selection, results: list[RebuildResult]) -> str:
-    """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it)."""
+    """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it),
+    while the claim is live (`Attempts.save`)."""
     attempt = RebuildAttempt(
         topic=chosen.claim.topic,
         attempt_id=chosen.claim.attempt_id,
         results=results,
         created_at=datetime.now(UTC),
     )
-    staged = commit.staged(storage, chosen.claim)
-    staged.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
-    return chosen.manifest_key
-
-
-def load_attempt(storage: Storage, key: str) -> RebuildAttempt:
-    try:
-        with naming(key):
-            return RebuildAttempt.model_validate_json(storage.read(key))
-    except (ValidationError, ValueError) as err:
-        raise VerificationFailed(f"rebuild manifest {key} is unreadable: {err}") from None
+    return REBUILD.save(storage, chosen, attempt)
 
 
 def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Token:
@@ -217,7 +193,7 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
     claim = chosen.claim
 
     def change() -> commit.Change:
-        staged = commit.staged(storage, claim)
+        staged = chosen.staged(storage)
         results = load_attempt(staged, chosen.manifest_key).results
         new_files = _accounted(chosen, results)
         verify_rebuild(staged, new_files)
@@ -229,11 +205,12 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
         return commit.replacing(
             {key: version for s in chosen.sources for key, version in s.files.items()},
             {f.key: f.bytes for f in new_files},
-            {"generation": cfg.generation, "manifest": chosen.manifest_key, "rebuilt": rebuilt},
+            RebuildPayload(
+                generation=cfg.generation, manifest=chosen.manifest_key, rebuilt=rebuilt
+            ),
         )
 
-    with leftovers.refused(storage, claim):
-        return commit.commit(storage, claim, change)
+    return REBUILD.commit(storage, chosen, change)
 
 
 def _accounted(chosen: Selection, results: list[RebuildResult]) -> list[FileEntry]:

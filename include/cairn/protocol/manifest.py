@@ -12,13 +12,14 @@ from collections.abc import Mapping
 from datetime import datetime
 from itertools import pairwise
 
-from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 
 from cairn.datafiles.file_entry import FileEntry
 from cairn.errors import PermanentError
-from cairn.protocol.format_version import Versioned, naming
+from cairn.protocol import format_version
+from cairn.protocol.format_version import Versioned
 from cairn.protocol.tokens import Counts, Gap
-from cairn.storage.layout import data_prefixes, manifest_key, parse_data_key
+from cairn.storage.layout import data_prefixes, parse_data_key
 from cairn.storage.objects import Storage
 
 
@@ -54,18 +55,8 @@ class VerifyReport(BaseModel):
     partitions: dict[int, Counts]
 
 
-def save(storage: Storage, manifest: Manifest) -> str:
-    key = manifest_key(manifest.topic, manifest.attempt_id)
-    storage.write(key, manifest.model_dump_json(indent=2).encode())
-    return key
-
-
 def load(storage: Storage, key: str) -> Manifest:
-    try:
-        with naming(key):
-            return Manifest.model_validate_json(storage.read(key))
-    except (ValidationError, ValueError) as err:
-        raise CorruptManifest(f"manifest {key} is unreadable: {err}") from None
+    return format_version.load(storage, key, Manifest, CorruptManifest, "manifest")
 
 
 def verify(
