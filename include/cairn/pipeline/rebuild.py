@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fastavro
 from pydantic import BaseModel, Field, NonNegativeInt
@@ -82,8 +82,9 @@ def run_dates(own_date: date | None, first: str | None, last: str | None) -> lis
                 "to_date (YYYY-MM-DD) in its conf"
             )
         return [own_date]
+    given = [d for d in (first, last) if d]  # one end alone is one date
     try:
-        start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
+        start, end = date.fromisoformat(given[0]), date.fromisoformat(given[-1])
     except ValueError as err:
         raise NoDates(f"from_date/to_date must be YYYY-MM-DD: {err}") from None
     if end < start:
@@ -161,7 +162,7 @@ def select(
         f: version
         for day in days
         for f, version in day_versions(storage, topic, cfg.path_format, day).items()
-        if f.sealed or f.first_offset < position.get(f.partition, 0)  # sealed: complete dates
+        if f.partition is None or f.offset < position.get(f.partition, 0)  # None: sealed, complete
     }
     if not files:
         return None
@@ -270,7 +271,8 @@ def rebuild_source(
 
 def _missing(wanted: array, found: array, most: int = 10) -> list[int]:
     """The first `most` offsets of `wanted` that `found` (an ordered subsequence) lacks."""
-    missing, j = [], 0
+    missing: list[int] = []
+    j = 0
     for offset in wanted:
         if j < len(found) and found[j] == offset:
             j += 1
@@ -308,14 +310,22 @@ def _sources(storage: Storage, topic: str, files: dict[DataFile, str]) -> list[S
     for f, version in files.items():
         with storage.open_read(f.key) as data:
             meta = read_header(data).metadata
-        spans = sources_of(meta)
-        if spans is None:
+        sealed = sources_of(meta)
+        spans: list[tuple[str | None, str | None, tuple[int, int] | None]]
+        if sealed is None:
             spans = [(meta.get("cairn.source"), meta.get("cairn.processing_time"), None)]
         else:
-            spans = [(s.source, s.processing_time, (s.first, s.last)) for s in spans]
+            spans = [(s.source, s.processing_time, (s.first, s.last)) for s in sealed]
         for key, when, within in spans:
             named = parse_data_key(key) if key else None
-            if named is None or named.kind != "backup" or named.topic != topic or when is None:
+            if (
+                key is None
+                or named is None
+                or named.kind != "backup"
+                or named.partition is None
+                or named.topic != topic
+                or when is None
+            ):
                 raise RebuildRefused(
                     f"{f.key} does not name its backup file in its header (written by an older "
                     "Cairn?); nothing was changed. Re-archive the topic under a new generation"
@@ -339,13 +349,14 @@ def _offsets(storage: Storage, source: Source) -> Iterator[int]:
     """The Kafka offsets of the records in `source.files` (partitioned or quarantine) that came
     from `source`: all of a run's file, the span `source.within` names in a sealed file."""
     for key in source.files:
-        parsed = parse_data_key(key).kind == "partitioned"
+        named = parse_data_key(key)
+        parsed = named is not None and named.kind == "partitioned"
         p_field, o_field = (
             ("_kafka_partition", "_kafka_offset") if parsed else ("partition", "offset")
         )
         within = source.within.get(key)
         with storage.open_read(key) as f:
-            for row in fastavro.reader(f):
+            for row in cast(Iterator[dict[str, Any]], fastavro.reader(f)):
                 p, offset = row[p_field], row[o_field]
                 if within is not None:
                     if p == source.partition and within[0] <= offset <= within[1]:
@@ -363,7 +374,7 @@ def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[di
     """The backup file's records, checked against the source (names depend on them)."""
     previous = -1
     with storage.open_read(source.key) as f:
-        for record in fastavro.reader(f):
+        for record in cast(Iterator[dict[str, Any]], fastavro.reader(f)):
             offset = record["offset"]
             if (
                 record["topic"] != topic
