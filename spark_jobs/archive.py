@@ -27,8 +27,8 @@ from cairn.datafiles import fastpath
 from cairn.datafiles.writer import PartitionResult, write_partition
 from cairn.jobs import ArchiveInput
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
-from cairn.pipeline.archive_run import Planned, load_planned, save_attempt
-from cairn.protocol import commit, manifest
+from cairn.pipeline.archive_run import Planned, load_claimed, save_attempt
+from cairn.protocol import manifest
 from cairn.protocol.plan import kafka_assign_json, kafka_json_offsets
 from cairn.storage.objects import Storage
 from spark_jobs.executors import guarded, requirements, translated
@@ -84,7 +84,7 @@ def archive(
     artifact the executors must import Cairn from (`spark_jobs.executors`).
     """
     storage = Storage(cfg.root.storage_url, **options)
-    commit.check_live(storage, planned.claim)
+    planned.check_live(storage)
     for key, value in ARROW_CONF.items():
         spark.conf.set(key, value)
     staged_url = planned.staged(storage).url
@@ -133,7 +133,7 @@ def archive(
 def run(spark: SparkSession, job: ArchiveInput) -> str:
     """The job on a session (`spark_jobs.main`). Returns a one-line summary."""
     cfg = job.topic.topic()
-    planned = load_planned(Storage(cfg.root.storage_url, **job.storage_options), job.claim)
+    planned = load_claimed(Storage(cfg.root.storage_url, **job.storage_options), job.claim)
     attempt = archive(
         spark, planned, cfg, job.kafka_conf(), job.storage_options, job.registries, job.artifact
     )

@@ -22,11 +22,10 @@ from cairn.pipeline.rebuild import (
     RebuildResult,
     Selection,
     Source,
-    load_selection,
+    load_claimed,
     rebuild_source,
     save_attempt,
 )
-from cairn.protocol import commit
 from cairn.storage.objects import Storage
 from spark_jobs.executors import guarded, requirements, translated
 
@@ -43,9 +42,9 @@ def rebuild(
     `registries`: Schema Registry client configurations (avro topics); `artifact`: the code
     artifact the executors must import Cairn from (`spark_jobs.executors`)."""
     storage = Storage(cfg.root.storage_url, **options)
-    commit.check_live(storage, chosen.claim)
+    chosen.check_live(storage)
     registries = registries or {}
-    url, staged_url = storage.url, commit.staged(storage, chosen.claim).url
+    url, staged_url = storage.url, chosen.staged(storage).url
     sources = [s.model_dump_json() for s in chosen.sources]
 
     def one(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -65,7 +64,6 @@ def rebuild(
     with translated():
         rows = tasks.mapInArrow(guarded(one, requirements(artifact)), "result string").collect()
     results = [RebuildResult.model_validate_json(row.result) for row in rows]
-    commit.check_live(storage, chosen.claim)
     return save_attempt(storage, chosen, results)
 
 
@@ -73,7 +71,7 @@ def run(spark: SparkSession, job: RebuildInput) -> str:
     """The job on a session (`spark_jobs.main`). Returns a one-line summary."""
     cfg = job.topic.topic()
     options = job.storage_options
-    chosen = load_selection(Storage(cfg.root.storage_url, **options), job.claim)
+    chosen = load_claimed(Storage(cfg.root.storage_url, **options), job.claim)
     key = rebuild(spark, chosen, cfg, options, job.registries, job.artifact)
     return (
         f"re-derived {cfg.topic} {', '.join(map(str, chosen.dates))} from "

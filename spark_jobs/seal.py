@@ -21,8 +21,7 @@ from pyspark.sql import SparkSession
 from cairn.config import TopicConfig
 from cairn.datafiles.seal_writer import FolderResult, seal_folder
 from cairn.jobs import SealInput
-from cairn.pipeline.seal import Selection, check_inputs, load_selection, save_attempt
-from cairn.protocol import commit
+from cairn.pipeline.seal import Selection, check_inputs, load_claimed, save_attempt
 from cairn.storage.objects import Storage
 from spark_jobs.executors import guarded, requirements, translated
 
@@ -38,8 +37,8 @@ def seal(
     """Merge every folder of the chosen date; return the attempt manifest's key. `artifact`:
     the code artifact the executors must import Cairn from (`spark_jobs.executors`)."""
     storage = Storage(cfg.root.storage_url, **options)
-    commit.check_live(storage, chosen.claim)
-    url, staged_url = storage.url, commit.staged(storage, chosen.claim).url
+    chosen.check_live(storage)
+    url, staged_url = storage.url, chosen.staged(storage).url
     table_url = chosen.table.location if chosen.table else None
     selection, codec = chosen.model_dump_json(), cfg.codec
 
@@ -75,6 +74,6 @@ def run(spark: SparkSession, job: SealInput) -> str:
     """The job on a session (`spark_jobs.main`). Returns a one-line summary."""
     cfg = job.topic.topic()
     options = job.storage_options
-    chosen = load_selection(Storage(cfg.root.storage_url, **options), job.claim)
+    chosen = load_claimed(Storage(cfg.root.storage_url, **options), job.claim)
     key = seal(spark, chosen, cfg, options, job.table_options, job.artifact)
     return f"sealed {cfg.topic} {chosen.date} ({len(chosen.folders)} folders); manifest {key}"

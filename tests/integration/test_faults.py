@@ -347,7 +347,7 @@ class Scenario:
         hooked = self.hooked()
         hooked.hooks["after create"] = lambda: setattr(hooked, "moves", self.rng.randint(0, 3))
         try:
-            archive_run.commit_token(self.cfg, hooked, planned, report, self.archiver.kafka)
+            archive_run.commit_archive(self.cfg, hooked, planned, report, self.archiver.kafka)
         except ConnectionError:
             return f"crash mid publish of {planned.attempt_id}"
         return f"crash mid publish: {planned.attempt_id} published before the crash"

@@ -309,7 +309,7 @@ def test_rebuild_selection_reads_only_the_rebuilt_dates_and_reaches_spark_by_ref
     ]
     assert not [k for k in reads if k.startswith("_manifests/")]
     assert len([k for k in reads if k.startswith("_tokens/")]) <= 2
-    assert rebuild.load_selection(archiver.storage(cfg), chosen.claim.key) == chosen
+    assert rebuild.load_claimed(archiver.storage(cfg), chosen.claim.key) == chosen
 
 
 def test_a_retried_commit_after_the_token_was_created_succeeds(

@@ -14,7 +14,7 @@ from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.pipeline import archive_run
 from cairn.protocol import commit
 from cairn.protocol.plan import Plan
-from cairn.protocol.tokens import Kind, Token
+from cairn.protocol.tokens import ArchivePayload, Kind, Token
 from cairn.storage.objects import Storage
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
@@ -79,7 +79,7 @@ def commit_next(storage: Storage, next_offsets: dict[int, int], **fields: Any) -
         requirements=[commit.SamePosition(), commit.NewestClaim()],
         adds={},
         position=next_offsets,
-        fields={"planned_at": claim.created_at} | fields,
+        payload=ArchivePayload(**{"planned_at": claim.created_at} | fields),
     )
     return commit.commit(storage, claim, lambda: change)
 
@@ -96,7 +96,7 @@ def archive_records(
 
     Settle and claim the next token with a `Planned` body, stage every partition's files with
     `write_partition`, save and verify the manifest against the staging area, then commit through
-    `cairn.pipeline.archive_run.commit_token` (the one commit site). Returns the token.
+    `cairn.pipeline.archive_run.commit_archive` (the one commit site). Returns the token.
     """
     topic = cfg.topic
     previous = commit.settle(storage, topic)
@@ -122,7 +122,7 @@ def archive_records(
     claim = commit.claim(
         storage, topic, "archive", previous, run_id, lambda c: made(c).model_dump_json().encode()
     )
-    planned = archive_run.load_planned(storage, claim.key)
+    planned = archive_run.load_claimed(storage, claim.key)
     staged = planned.staged(storage)
     results = [
         write_partition(rs, cfg, staged, processing_time, planned.attempt_id)
@@ -130,4 +130,4 @@ def archive_records(
     ]
     archive_run.save_attempt(cfg, storage, planned, results)
     report = archive_run.verify_run(storage, planned)  # checks the claim, verifies the staged files
-    return archive_run.commit_token(cfg, storage, planned, report, None)
+    return archive_run.commit_archive(cfg, storage, planned, report, None)

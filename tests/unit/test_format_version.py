@@ -59,13 +59,13 @@ def test_the_releases_tokens_claims_and_manifests_read_as_format_1(release) -> N
         assert found.format_version == 1 and found.attempt_id == token.attempt_id
 
     # each kind's whole claim object, the plan its later steps read by reference
-    planned = archive_run.load_planned(
+    planned = archive_run.load_claimed(
         release, commit.load_claim(release, TOPIC, archived.attempt_id).key
     )
     assert planned.plan.ranges == {0: (0, 9), 1: (0, 0), 2: (0, 0)}
-    chosen = seal.load_selection(release, commit.load_claim(release, TOPIC, sealed.attempt_id).key)
+    chosen = seal.load_claimed(release, commit.load_claim(release, TOPIC, sealed.attempt_id).key)
     assert chosen.date == date(2024, 5, 3) and chosen.table is not None
-    picked = rebuild.load_selection(
+    picked = rebuild.load_claimed(
         release, commit.load_claim(release, TOPIC, rebuilt.attempt_id).key
     )
     assert len(picked.sources) == len(rebuilt.rebuilt.sources)

@@ -23,7 +23,7 @@ from cairn.pipeline.rebuild import (
     Selection,
     commit_rebuild,
     load_attempt,
-    load_selection,
+    load_claimed,
     rebuild_source,
     run_dates,
     save_attempt,
@@ -247,7 +247,7 @@ def test_select_groups_the_dates_files_by_the_backup_file_named_in_their_headers
 
     chosen = select(storage, config(tmp_path), [D2], "rebuild-run")
 
-    assert chosen == load_selection(storage, chosen.claim.key)  # Spark reads it by reference
+    assert chosen == load_claimed(storage, chosen.claim.key)  # Spark reads it by reference
     assert (chosen.claim.kind, chosen.claim.seq, chosen.dates) == ("rebuild", 4, [D2])
     assert (chosen.claim.base_seq, chosen.claim.base_offsets) == (3, {0: 11, 1: 7})
     backup = {s.key: (s.partition, s.processing_time) for s in chosen.sources}

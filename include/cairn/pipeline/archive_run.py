@@ -1,10 +1,12 @@
 """One archive run, step by step: plan → clean → (Spark archives) → verify → commit.
 
 The Airflow tasks are one-line calls into these functions; `Planned` is what travels between
-them. Planning claims the next token (`cairn.protocol.commit`) and stores the whole plan in the
-claim object, so the Spark job reads it by reference, and every later step first checks that the
-claim is still live: a stale plan fails fast instead of touching the archive. The run commits
-through `cairn.protocol.commit.commit`, the one commit site rebuilds and seals use too.
+them. A run is an attempt (`cairn.protocol.attempt`, `ARCHIVE`), as rebuilds and seals are:
+planning claims the next token and stores the whole plan in the claim object, so the Spark job
+reads it by reference (`load_claimed`), every later step first checks that the claim is still
+live, the job saves its manifest (`save_attempt`), and the run commits through the one commit
+site (`commit_archive`). This module supplies what is the archive's own: the plan, the manifest,
+and the change a run makes (its position, its files, its `ArchivePayload`).
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+from pydantic import Field
 
 from cairn.config import TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import run_record
 from cairn.protocol import commit, leftovers, manifest, rewind, tokens
+from cairn.protocol.attempt import Attempts, Claimed
 from cairn.protocol.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
-from cairn.storage.layout import chain_folder, claims_folder, manifest_key
+from cairn.storage.layout import chain_folder, claims_folder
 from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
@@ -32,10 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Planned(BaseModel):
+class Planned(Claimed):
     """A planned run: its claim, the ranges to read and the rewound files its commit replaces."""
 
-    claim: commit.Claim
     topic: str
     run_id: str
     topic_id: str | None
@@ -44,7 +46,7 @@ class Planned(BaseModel):
     plan: Plan
     planned_at: datetime
     """Also the processing time the Spark job parses with, so a retry writes the same bytes."""
-    replaces: list[str] = []
+    replaces: list[str] = Field(default_factory=list)
     """Rewound files holding offsets this run reads again (`cairn.protocol.rewind.supersedes`)."""
 
     @property
@@ -57,17 +59,10 @@ class Planned(BaseModel):
         """The position planned from (empty when there was no token)."""
         return self.claim.base_offsets
 
-    @property
-    def attempt_id(self) -> str:
-        return self.claim.attempt_id
 
-    @property
-    def manifest_key(self) -> str:
-        return manifest_key(self.topic, self.attempt_id)
-
-    def staged(self, storage: Storage) -> Storage:
-        """Where this attempt's files wait until its token commits."""
-        return commit.staged(storage, self.claim)
+ARCHIVE = Attempts("archive", Planned, manifest.Manifest, manifest.CorruptManifest, what="manifest")
+load_claimed = ARCHIVE.load
+"""The plan stored in a claim object (how the Spark job receives it)."""
 
 
 EarlierRoots = Callable[[], Mapping[str, Storage]]
@@ -89,17 +84,12 @@ def check_new_archive(
     if cfg.start_new_archive:
         return
     if cfg.commit_consumer_group:
-        found = cluster.group_offsets(kafka, cfg.group_id, cfg.topic, partitions)
+        found = cluster.group_offsets(kafka, cfg.group_id, cfg.topic_name, partitions)
         if found:
-            raise ArchiveElsewhere.by_group(cfg.topic, cfg.archive_root, cfg.group_id, found)
+            raise ArchiveElsewhere.by_group(cfg.topic_name, cfg.archive_root, cfg.group_id, found)
     for root, earlier in earlier_roots().items():
-        if root != cfg.archive_root and earlier.holds_any(chain_folder(cfg.topic)):
-            raise ArchiveElsewhere.by_root(cfg.topic, cfg.archive_root, root)
-
-
-def load_planned(storage: Storage, claim_key: str) -> Planned:
-    """The plan stored in a claim object (how the Spark job receives it)."""
-    return Planned.model_validate_json(storage.read(claim_key))
+        if root != cfg.archive_root and earlier.holds_any(chain_folder(cfg.topic_name)):
+            raise ArchiveElsewhere.by_root(cfg.topic_name, cfg.archive_root, root)
 
 
 def plan_run(
@@ -115,7 +105,7 @@ def plan_run(
     is finished), so the archive is whole even when nothing new arrives. A topic's first run at
     a root is refused if a witness says it was archived elsewhere (`check_new_archive`).
     """
-    topic = cfg.topic
+    topic = cfg.topic_name
     token = commit.settle(storage, topic)
     state = cluster.fetch_topic(kafka, topic)
     position = token.next_offsets if token else {}
@@ -170,23 +160,14 @@ def plan_run(
             replaces=replaces,
         )
 
-    claim = commit.claim(
-        storage,
-        topic,
-        "archive",
-        token,
-        run_id,
-        lambda c: made(c).model_dump_json().encode(),
-        cfg.attempt_timeout,
-    )
-    return made(claim)
+    return ARCHIVE.claim(storage, topic, token, run_id, made, cfg.attempt_timeout)
 
 
 def save_attempt(
     cfg: TopicConfig, storage: Storage, planned: Planned, results: list[PartitionResult]
 ) -> manifest.Manifest:
     """The attempt manifest of what the writers staged (the Spark job's last step), staged with
-    them only while the claim is live."""
+    them only while the claim is live (`Attempts.save`)."""
     attempt = manifest.Manifest(
         topic=planned.topic,
         attempt_id=planned.attempt_id,
@@ -200,8 +181,7 @@ def save_attempt(
         gaps=planned.plan.gaps,
         parses=cfg.parses,
     )
-    commit.check_live(storage, planned.claim)
-    manifest.save(planned.staged(storage), attempt)
+    ARCHIVE.save(storage, planned, attempt)
     return attempt
 
 
@@ -209,15 +189,15 @@ def clean_run(storage: Storage, planned: Planned) -> list[str]:
     """Remove what attempts that can no longer commit left (`cairn.protocol.leftovers`: those
     this run fenced out among them), never a data file: rewound files stay readable until this
     run's commit replaces them."""
-    commit.check_live(storage, planned.claim)
+    planned.check_live(storage)
     return leftovers.sweep(storage, planned.topic, spare=planned.attempt_id)
 
 
 def verify_run(storage: Storage, planned: Planned) -> manifest.VerifyReport:
-    commit.check_live(storage, planned.claim)
+    planned.check_live(storage)
     if planned.plan.empty:  # the run only records a position (new partitions, a gap)
         return manifest.VerifyReport(counts=tokens.Counts(), partitions={})
-    attempt = manifest.load(planned.staged(storage), planned.manifest_key)
+    attempt = ARCHIVE.load_attempt(planned.staged(storage), planned.manifest_key)
     if attempt.attempt_id != planned.attempt_id:
         raise manifest.VerificationFailed(
             f"{planned.manifest_key} belongs to attempt {attempt.attempt_id}, not "
@@ -233,13 +213,13 @@ def commit_run(
     report: manifest.VerifyReport,
     kafka: KafkaConf,
 ) -> run_record.RunRecord:
-    """Commit the run (`commit_token`); only now is its output archived. Returns the run's
+    """Commit the run (`commit_archive`); only now is its output archived. Returns the run's
     record (`cairn.pipeline.run_record`).
 
     Then, best effort (the token stands whatever happens): the topic's consumer group gets the
     token's offsets and the run its status record.
     """
-    token = commit_token(cfg, storage, planned, report, kafka)
+    token = commit_archive(cfg, storage, planned, report, kafka)
     record = _run_record(planned, token, report, kafka)
     newest = not tokens.seqs(storage, planned.topic, after=token.seq)
     if cfg.commit_consumer_group and newest:  # a late retry must not move the group back
@@ -248,7 +228,7 @@ def commit_run(
     return record
 
 
-def commit_token(
+def commit_archive(
     cfg: TopicConfig,
     storage: Storage,
     planned: Planned,
@@ -260,25 +240,25 @@ def commit_token(
 
     def change() -> commit.Change:
         staged = planned.staged(storage)
-        files = [] if planned.plan.empty else manifest.load(staged, planned.manifest_key).files
+        empty = planned.plan.empty
+        files = [] if empty else ARCHIVE.load_attempt(staged, planned.manifest_key).files
         return commit.Change(
             requirements=[commit.SamePosition(), commit.NewestClaim(), SameTopic(kafka, planned)],
             adds={f.key: f.bytes for f in files},
             replaces=planned.replaces,
             position=planned.plan.next_offsets,
-            fields={
-                "generation": cfg.generation,
-                "counts": report.counts,
-                "manifest": None if planned.plan.empty else planned.manifest_key,
-                "topic_id": planned.topic_id,
-                "planned_at": planned.planned_at,
-                "gaps": planned.plan.gaps,
-                "adopted": planned.plan.adopted,
-            },
+            payload=tokens.ArchivePayload(
+                generation=cfg.generation,
+                counts=report.counts,
+                manifest=None if empty else planned.manifest_key,
+                topic_id=planned.topic_id,
+                planned_at=planned.planned_at,
+                gaps=planned.plan.gaps,
+                adopted=planned.plan.adopted,
+            ),
         )
 
-    with leftovers.refused(storage, planned.claim):
-        return commit.commit(storage, planned.claim, change)
+    return ARCHIVE.commit(storage, planned, change)
 
 
 def _commit_group(

@@ -9,14 +9,14 @@ written again exactly once, whichever dates a fix moves records between; records
 R stay where they are (rebuild their dates to re-derive them). If any record cannot be accounted
 for, the rebuild refuses and changes nothing.
 
-A rebuild is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the
-rebuild DAG runs them; `rebuild_source` runs on Spark executors, one task per backup file):
+A rebuild is an attempt (`cairn.protocol.attempt`, `REBUILD`), step by step (the rebuild DAG runs
+them; `rebuild_source` runs on Spark executors, one task per backup file):
 1. `select`: take the newest token (files committed after it are left alone); list R's files
    below its position; find each file's backup source in its Avro header (`cairn.source`,
    `cairn.processing_time`); claim a rebuild attempt, storing the selection in the claim.
 2. `rebuild_source`: read the source's files in R to learn which records to re-derive, re-parse
    exactly those from the backup with the archive attempt's processing time, and stage the new
-   files. The Spark job saves what each source gave in the attempt's manifest.
+   files. The Spark job saves what each source gave in the attempt's manifest (`save_attempt`).
 3. `commit_rebuild` (an Airflow task, like an archive run's commit): check that every record was
    written once, then commit through `cairn.protocol.commit.commit` with the requirements that the
    files it replaces are unchanged, that its new files overwrite nothing else, and that the topic
@@ -35,10 +35,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fastavro
-from pydantic import BaseModel, Field, NonNegativeInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt
 
 from cairn.datafiles.avro_file import millis, read_header
 from cairn.datafiles.file_entry import FileEntry
@@ -47,16 +47,11 @@ from cairn.datafiles.writer import DEFAULT_MAX_OPEN_FILES, OutputFiles, ParsedWr
 from cairn.errors import PermanentError
 from cairn.formats import Registries
 from cairn.protocol import commit, leftovers
-from cairn.protocol.format_version import Versioned, naming
+from cairn.protocol.attempt import Attempts, Claimed
+from cairn.protocol.format_version import Versioned
 from cairn.protocol.manifest import VerificationFailed
-from cairn.protocol.tokens import Rebuilt, Token
-from cairn.storage.layout import (
-    DataFile,
-    day_prefixes,
-    file_date,
-    manifest_key,
-    parse_data_key,
-)
+from cairn.protocol.tokens import RebuildPayload, Rebuilt, Token
+from cairn.storage.layout import DataFile, day_prefixes, file_date, parse_data_key
 from cairn.storage.objects import Storage
 
 if TYPE_CHECKING:
@@ -87,8 +82,9 @@ def run_dates(own_date: date | None, first: str | None, last: str | None) -> lis
                 "to_date (YYYY-MM-DD) in its conf"
             )
         return [own_date]
+    given = [d for d in (first, last) if d]  # one end alone is one date
     try:
-        start, end = date.fromisoformat(first or last), date.fromisoformat(last or first)
+        start, end = date.fromisoformat(given[0]), date.fromisoformat(given[-1])
     except ValueError as err:
         raise NoDates(f"from_date/to_date must be YYYY-MM-DD: {err}") from None
     if end < start:
@@ -112,16 +108,11 @@ class Source(BaseModel):
     """For a sealed file among them: the offsets its records from this source have."""
 
 
-class Selection(BaseModel):
+class Selection(Claimed):
     """What one rebuild operation re-derives; stored in its claim."""
 
-    claim: commit.Claim
     dates: list[date]
     sources: list[Source]
-
-    @property
-    def manifest_key(self) -> str:
-        return manifest_key(self.claim.topic, self.claim.attempt_id)
 
 
 class RebuildResult(BaseModel):
@@ -148,11 +139,19 @@ class RebuildAttempt(Versioned):
         return [f for r in self.results for f in r.files]
 
 
+REBUILD = Attempts(
+    "rebuild", Selection, RebuildAttempt, VerificationFailed, what="rebuild manifest"
+)
+load_claimed = REBUILD.load
+"""The selection stored in a claim object (how the Spark job receives it)."""
+load_attempt = REBUILD.load_attempt
+
+
 def select(
     storage: Storage, cfg: TopicConfig, dates: Iterable[date], run_id: str
 ) -> Selection | None:
     """Claim a rebuild of `dates`; None if there is nothing to re-derive there."""
-    topic = cfg.topic
+    topic = cfg.topic_name
     newest = commit.settle(storage, topic)
     leftovers.sweep(storage, topic)
     if newest is None:
@@ -163,7 +162,7 @@ def select(
         f: version
         for day in days
         for f, version in day_versions(storage, topic, cfg.path_format, day).items()
-        if f.sealed or f.first_offset < position.get(f.partition, 0)  # sealed: complete dates
+        if f.partition is None or f.offset < position.get(f.partition, 0)  # None: sealed, complete
     }
     if not files:
         return None
@@ -172,41 +171,19 @@ def select(
     def made(claim: commit.Claim) -> Selection:
         return Selection(claim=claim, dates=days, sources=sources)
 
-    claim = commit.claim(
-        storage,
-        topic,
-        "rebuild",
-        newest,
-        run_id,
-        lambda c: made(c).model_dump_json().encode(),
-        cfg.attempt_timeout,
-    )
-    return made(claim)
-
-
-def load_selection(storage: Storage, claim_key: str) -> Selection:
-    return Selection.model_validate_json(storage.read(claim_key))
+    return REBUILD.claim(storage, topic, newest, run_id, made, cfg.attempt_timeout)
 
 
 def save_attempt(storage: Storage, chosen: Selection, results: list[RebuildResult]) -> str:
-    """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it)."""
+    """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it),
+    while the claim is live (`Attempts.save`)."""
     attempt = RebuildAttempt(
         topic=chosen.claim.topic,
         attempt_id=chosen.claim.attempt_id,
         results=results,
         created_at=datetime.now(UTC),
     )
-    staged = commit.staged(storage, chosen.claim)
-    staged.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
-    return chosen.manifest_key
-
-
-def load_attempt(storage: Storage, key: str) -> RebuildAttempt:
-    try:
-        with naming(key):
-            return RebuildAttempt.model_validate_json(storage.read(key))
-    except (ValidationError, ValueError) as err:
-        raise VerificationFailed(f"rebuild manifest {key} is unreadable: {err}") from None
+    return REBUILD.save(storage, chosen, attempt)
 
 
 def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Token:
@@ -217,7 +194,7 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
     claim = chosen.claim
 
     def change() -> commit.Change:
-        staged = commit.staged(storage, claim)
+        staged = chosen.staged(storage)
         results = load_attempt(staged, chosen.manifest_key).results
         new_files = _accounted(chosen, results)
         verify_rebuild(staged, new_files)
@@ -229,11 +206,12 @@ def commit_rebuild(storage: Storage, cfg: TopicConfig, chosen: Selection) -> Tok
         return commit.replacing(
             {key: version for s in chosen.sources for key, version in s.files.items()},
             {f.key: f.bytes for f in new_files},
-            {"generation": cfg.generation, "manifest": chosen.manifest_key, "rebuilt": rebuilt},
+            RebuildPayload(
+                generation=cfg.generation, manifest=chosen.manifest_key, rebuilt=rebuilt
+            ),
         )
 
-    with leftovers.refused(storage, claim):
-        return commit.commit(storage, claim, change)
+    return REBUILD.commit(storage, chosen, change)
 
 
 def _accounted(chosen: Selection, results: list[RebuildResult]) -> list[FileEntry]:
@@ -293,7 +271,8 @@ def rebuild_source(
 
 def _missing(wanted: array, found: array, most: int = 10) -> list[int]:
     """The first `most` offsets of `wanted` that `found` (an ordered subsequence) lacks."""
-    missing, j = [], 0
+    missing: list[int] = []
+    j = 0
     for offset in wanted:
         if j < len(found) and found[j] == offset:
             j += 1
@@ -331,14 +310,22 @@ def _sources(storage: Storage, topic: str, files: dict[DataFile, str]) -> list[S
     for f, version in files.items():
         with storage.open_read(f.key) as data:
             meta = read_header(data).metadata
-        spans = sources_of(meta)
-        if spans is None:
+        sealed = sources_of(meta)
+        spans: list[tuple[str | None, str | None, tuple[int, int] | None]]
+        if sealed is None:
             spans = [(meta.get("cairn.source"), meta.get("cairn.processing_time"), None)]
         else:
-            spans = [(s.source, s.processing_time, (s.first, s.last)) for s in spans]
+            spans = [(s.source, s.processing_time, (s.first, s.last)) for s in sealed]
         for key, when, within in spans:
             named = parse_data_key(key) if key else None
-            if named is None or named.kind != "backup" or named.topic != topic or when is None:
+            if (
+                key is None
+                or named is None
+                or named.kind != "backup"
+                or named.partition is None
+                or named.topic != topic
+                or when is None
+            ):
                 raise RebuildRefused(
                     f"{f.key} does not name its backup file in its header (written by an older "
                     "Cairn?); nothing was changed. Re-archive the topic under a new generation"
@@ -362,13 +349,14 @@ def _offsets(storage: Storage, source: Source) -> Iterator[int]:
     """The Kafka offsets of the records in `source.files` (partitioned or quarantine) that came
     from `source`: all of a run's file, the span `source.within` names in a sealed file."""
     for key in source.files:
-        parsed = parse_data_key(key).kind == "partitioned"
+        named = parse_data_key(key)
+        parsed = named is not None and named.kind == "partitioned"
         p_field, o_field = (
             ("_kafka_partition", "_kafka_offset") if parsed else ("partition", "offset")
         )
         within = source.within.get(key)
         with storage.open_read(key) as f:
-            for row in fastavro.reader(f):
+            for row in cast(Iterator[dict[str, Any]], fastavro.reader(f)):
                 p, offset = row[p_field], row[o_field]
                 if within is not None:
                     if p == source.partition and within[0] <= offset <= within[1]:
@@ -386,7 +374,7 @@ def _backup_records(storage: Storage, source: Source, topic: str) -> Iterator[di
     """The backup file's records, checked against the source (names depend on them)."""
     previous = -1
     with storage.open_read(source.key) as f:
-        for record in fastavro.reader(f):
+        for record in cast(Iterator[dict[str, Any]], fastavro.reader(f)):
             offset = record["offset"]
             if (
                 record["topic"] != topic

@@ -1,14 +1,14 @@
 """Sealing: a complete date of a topic becomes a few large files, its partition of the topic's
 Iceberg table, and a proof of completeness.
 
-A seal is an attempt of the one commit protocol (`cairn.protocol.commit`), step by step (the seal
-DAG runs them; `seal_folder`, in `cairn.datafiles.seal_writer`, runs on Spark executors, one task
-per folder): `select` lists the date's files with their versions and claims the attempt;
-`seal_folder` merges a folder's files block by block into `<gen>_sealed_<n>.avro` files in the
-attempt's staging, each naming in its header the backup files and offsets its records came from,
-and decodes each record once for the table's Parquet files and the proof's counts; `finish_seal`
-commits (`commit_seal`), replaces the date in the table (`cairn.table.iceberg`), writes the proof
-`_SEALED` and keeps the table (`cairn.table.upkeep`).
+A seal is an attempt (`cairn.protocol.attempt`, `SEAL`), step by step (the seal DAG runs them;
+`seal_folder`, in `cairn.datafiles.seal_writer`, runs on Spark executors, one task per folder):
+`select` lists the date's files with their versions and claims the attempt; `seal_folder` merges
+a folder's files block by block into `<gen>_sealed_<n>.avro` files in the attempt's staging, each
+naming in its header the backup files and offsets its records came from, and decodes each record
+once for the table's Parquet files and the proof's counts; `finish_seal` commits (`commit_seal`),
+replaces the date in the table (`cairn.table.iceberg`), writes the proof `_SEALED` and keeps the
+table (`cairn.table.upkeep`).
 
 docs/table.md says what sealing does and why (backup files are not merged, late data, the table,
 the proof); docs/protocol.md describes the commit protocol a seal goes through.
@@ -24,7 +24,7 @@ from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from pydantic import BaseModel, PositiveInt, ValidationError
+from pydantic import PositiveInt
 
 from cairn.datafiles.avro_file import QUARANTINE_SCHEMA
 from cairn.datafiles.parquet_file import EVENT_DATE, avro_to_arrow
@@ -50,9 +50,10 @@ from cairn.pipeline.proof import (
 )
 from cairn.pipeline.rebuild import day_versions
 from cairn.protocol import commit, leftovers, tokens
-from cairn.protocol.format_version import Versioned, naming
-from cairn.protocol.tokens import Sealed, Token
-from cairn.storage.layout import DataFile, manifest_key, parse_data_key, table_folder
+from cairn.protocol.attempt import Attempts, Claimed
+from cairn.protocol.format_version import Versioned
+from cairn.protocol.tokens import Sealed, SealPayload, Token
+from cairn.storage.layout import DataFile, parse_data_key, table_folder
 from cairn.storage.objects import Storage
 from cairn.table.catalog import TableTarget
 
@@ -63,10 +64,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Selection(BaseModel):
+class Selection(Claimed):
     """What one seal merges; stored in its claim."""
 
-    claim: commit.Claim
     date: date
     folders: list[SealFolder]
     target_bytes: PositiveInt
@@ -74,10 +74,6 @@ class Selection(BaseModel):
     output_schema_json: str
     """The partitioned files' schema now: what a folder's sealed files are written with."""
     table: TableTarget | None = None
-
-    @property
-    def manifest_key(self) -> str:
-        return manifest_key(self.claim.topic, self.claim.attempt_id)
 
     def schema_of(self, kind: str) -> dict:
         """The schema a folder of `kind` is sealed with."""
@@ -140,6 +136,12 @@ class SealAttempt(Versioned):
         )
 
 
+SEAL = Attempts("seal", Selection, SealAttempt, SealRefused, what="seal manifest")
+load_claimed = SEAL.load
+"""The selection stored in a claim object (how the Spark job receives it)."""
+load_attempt = SEAL.load_attempt
+
+
 def select(
     storage: Storage,
     cfg: TopicConfig,
@@ -153,7 +155,7 @@ def select(
     finish (its commit task gave up between the token and the proof) or that had no table to
     write while `table` is now given is done again, whole. What attempts that can no longer
     commit left is removed first (`cairn.protocol.leftovers`)."""
-    topic = cfg.topic
+    topic = cfg.topic_name
     through = completeness.load_state(storage, topic).through
     if through is None or day > through:
         return None
@@ -195,17 +197,8 @@ def select(
             table=table,
         )
 
-    claim = commit.claim(
-        storage,
-        topic,
-        "seal",
-        newest,
-        run_id,
-        lambda c: made(c).model_dump_json().encode(),
-        cfg.attempt_timeout,
-        [commit.Outside(root=table.location, folder=table_folder(day))] if table else [],
-    )
-    return made(claim)
+    outside = [commit.Outside(root=table.location, folder=table_folder(day))] if table else []
+    return SEAL.claim(storage, topic, newest, run_id, made, cfg.attempt_timeout, outside)
 
 
 def rewound_files(files: Iterable[DataFile], newest: Token | None) -> list[str]:
@@ -213,7 +206,9 @@ def rewound_files(files: Iterable[DataFile], newest: Token | None) -> list[str]:
     next archive run reads their offsets again and replaces them."""
     position = newest.next_offsets if newest else {}
     return sorted(
-        f.key for f in files if not f.sealed and f.first_offset >= position.get(f.partition, 0)
+        f.key
+        for f in files
+        if f.partition is not None and f.offset >= position.get(f.partition, 0)  # not sealed
     )
 
 
@@ -230,14 +225,10 @@ def finished(
     if proof is None or (table is not None and proof.table != table.identifier):
         return False
     try:
-        token = tokens.token_at(storage, cfg.topic, proof.token_seq)
+        token = tokens.token_at(storage, cfg.topic_name, proof.token_seq)
     except (FileNotFoundError, tokens.CorruptToken):
         return False
     return token.kind == "seal" and {f.key for f in files if f.sealed} == set(token.adds)
-
-
-def load_selection(storage: Storage, claim_key: str) -> Selection:
-    return Selection.model_validate_json(storage.read(claim_key))
 
 
 def check_inputs(storage: Storage, chosen: Selection) -> None:
@@ -246,31 +237,20 @@ def check_inputs(storage: Storage, chosen: Selection) -> None:
     table files go at the next seal's commit, which reaches the table). Its Spark job failing on
     such a file then needs no retry; the date is sealed again from what is there now."""
     with leftovers.refused(storage, chosen.claim):
-        commit.check_live(storage, chosen.claim)
+        chosen.check_live(storage)
         commit.FilesCurrent(chosen.versions()).check(storage, chosen.claim, None)
 
 
 def save_attempt(storage: Storage, chosen: Selection, folders: list[FolderResult]) -> str:
     """Stage what the Spark job staged, as the attempt's manifest (the commit task reads it),
-    while the claim is live."""
+    while the claim is live (`Attempts.save`)."""
     attempt = SealAttempt(
         topic=chosen.claim.topic,
         attempt_id=chosen.claim.attempt_id,
         folders=folders,
         created_at=datetime.now(UTC),
     )
-    commit.check_live(storage, chosen.claim)
-    staged = commit.staged(storage, chosen.claim)
-    staged.write(chosen.manifest_key, attempt.model_dump_json(indent=2).encode())
-    return chosen.manifest_key
-
-
-def load_attempt(storage: Storage, key: str) -> SealAttempt:
-    try:
-        with naming(key):
-            return SealAttempt.model_validate_json(storage.read(key))
-    except (ValidationError, ValueError) as err:
-        raise SealRefused(f"seal manifest {key} is unreadable: {err}") from None
+    return SEAL.save(storage, chosen, attempt)
 
 
 def commit_seal(
@@ -280,10 +260,9 @@ def commit_seal(
     change nothing and remove what the seal wrote (`table`: what removes its table files).
     Returns the seal's token and the date's proof (without the table's part,
     `cairn.table.iceberg` adds it). Safe to retry: a seal that committed returns its token."""
-    claim = chosen.claim
 
     def change() -> commit.Change:
-        attempt = load_attempt(commit.staged(storage, claim), chosen.manifest_key)
+        attempt = load_attempt(chosen.staged(storage), chosen.manifest_key)
         _check(storage, chosen, attempt)
         proof = attempt.proof(chosen)
         sealed = Sealed(
@@ -297,11 +276,10 @@ def commit_seal(
         return commit.replacing(
             chosen.versions(),
             {f.key: f.bytes for f in attempt.sealed},
-            {"generation": chosen.generation, "manifest": chosen.manifest_key, "sealed": sealed},
+            SealPayload(generation=chosen.generation, manifest=chosen.manifest_key, sealed=sealed),
         )
 
-    with leftovers.refused(storage, claim, chosen.reach(table)):
-        token = commit.commit(storage, claim, change)
+    token = SEAL.commit(storage, chosen, change, chosen.reach(table))
     proof = load_attempt(storage, chosen.manifest_key).proof(chosen)
     return token, proof.model_copy(update={"token_seq": token.seq})
 
@@ -318,7 +296,7 @@ def _check(storage: Storage, chosen: Selection, attempt: SealAttempt) -> None:
     if attempt.attempt_id != chosen.claim.attempt_id:
         problems.append(f"the manifest belongs to {attempt.attempt_id}")
     done = {(f.kind, f.folder): f for f in attempt.folders}
-    staged = commit.staged(storage, chosen.claim)
+    staged = chosen.staged(storage)
     for folder in chosen.folders:
         result = done.get((folder.kind, folder.folder))
         if result is None:
@@ -355,10 +333,12 @@ def finish_seal(
     from cairn.table.upkeep import unreferenced, upkeep
 
     where = chosen.table if table is not None else None
-    files = iceberg.location_storage(table, where) if table is not None and where else None
-    remover = unreferenced(table, where, files) if table is not None and where else None
+    files = remover = None
+    if table is not None and where is not None:
+        files = iceberg.location_storage(table, where)
+        remover = unreferenced(table, where, files)
     _, proof = commit_seal(storage, cfg, chosen, remover)
-    if where is not None:
+    if table is not None and where is not None:
         done = iceberg.replace_date(
             table,
             where,
@@ -377,8 +357,8 @@ def finish_seal(
             }
         )
     write_proof(storage, cfg, proof)
-    leftovers.sweep(storage, cfg.topic, chosen.reach(remover))
-    if where is not None and files is not None:
+    leftovers.sweep(storage, cfg.topic_name, chosen.reach(remover))
+    if table is not None and where is not None and files is not None:
         tidied = upkeep(
             table.load_table(where.identifier),
             files,

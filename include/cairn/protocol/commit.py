@@ -23,14 +23,14 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from cairn.errors import PermanentError
 from cairn.protocol import tokens
 from cairn.protocol.format_version import Versioned, naming
-from cairn.protocol.tokens import Kind, Token
+from cairn.protocol.tokens import Kind, Payload, Token
 from cairn.storage.layout import (
     attempt_prefix,
     claim_key,
@@ -313,11 +313,11 @@ class Change:
     """Keys in the data folders to delete once every added file is in place."""
     position: dict[int, int] | None = None
     """The position after the commit (archive runs); None carries the newest token's over."""
-    fields: dict[str, Any] = field(default_factory=dict)
+    payload: Payload = field(default_factory=Payload)
     """The kind's own token fields (counts, manifest, gaps, ...)."""
 
 
-def replacing(old: dict[str, str], new: dict[str, int], fields: dict[str, Any]) -> Change:
+def replacing(old: dict[str, str], new: dict[str, int], payload: Payload) -> Change:
     """A change that replaces files (a rebuild, a seal): `new` (key: size) takes the place of
     `old` (key: version as selected) only if those are still the files there, nothing else is
     overwritten, and the topic was not rewound meanwhile."""
@@ -325,7 +325,7 @@ def replacing(old: dict[str, str], new: dict[str, int], fields: dict[str, Any]) 
         requirements=[NotRewound(), FilesCurrent(old), NothingOverwritten(new, old)],
         adds=new,
         replaces=sorted(old),
-        fields=fields,
+        payload=payload,
     )
 
 
@@ -364,7 +364,7 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
             storage.delete(mark)  # an earlier try's create failed or lost: no token names it
             raise
         token = Token(
-            **change.fields,
+            **dict(change.payload),
             seq=(newest.seq if newest else 0) + 1,
             topic=claim.topic,
             kind=claim.kind,

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, PositiveInt, model_validator
+from pydantic import BaseModel, PositiveInt, ValidationError, model_validator
 
 from cairn.errors import PermanentError
+from cairn.storage.objects import Storage
 
 FORMAT_VERSION = 1
 """The newest format this code reads, and the one it writes."""
@@ -52,3 +53,16 @@ def naming(key: str) -> Iterator[None]:
         yield
     except NewerFormat as err:
         raise NewerFormat(f"{key}: {err}") from None
+
+
+V = TypeVar("V", bound=Versioned)
+
+
+def load(storage: Storage, key: str, model: type[V], unreadable: type[Exception], what: str) -> V:
+    """The `model` stored at `key`; `unreadable` (saying it is the `what` at `key`) if it is not
+    one, NewerFormat naming `key` if a newer Cairn wrote it."""
+    try:
+        with naming(key):
+            return model.model_validate_json(storage.read(key))
+    except (ValidationError, ValueError) as err:
+        raise unreadable(f"{what} {key} is unreadable: {err}") from None

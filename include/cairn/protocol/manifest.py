@@ -8,17 +8,17 @@ compaction), so coverage is proved with record counts plus non-overlapping offse
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
 from datetime import datetime
 from itertools import pairwise
 
-from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt
 
 from cairn.datafiles.file_entry import FileEntry
 from cairn.errors import PermanentError
-from cairn.protocol.format_version import Versioned, naming
+from cairn.protocol import format_version
+from cairn.protocol.format_version import Versioned
 from cairn.protocol.tokens import Counts, Gap
-from cairn.storage.layout import data_prefixes, manifest_key, parse_data_key
+from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 
 
@@ -54,18 +54,8 @@ class VerifyReport(BaseModel):
     partitions: dict[int, Counts]
 
 
-def save(storage: Storage, manifest: Manifest) -> str:
-    key = manifest_key(manifest.topic, manifest.attempt_id)
-    storage.write(key, manifest.model_dump_json(indent=2).encode())
-    return key
-
-
 def load(storage: Storage, key: str) -> Manifest:
-    try:
-        with naming(key):
-            return Manifest.model_validate_json(storage.read(key))
-    except (ValidationError, ValueError) as err:
-        raise CorruptManifest(f"manifest {key} is unreadable: {err}") from None
+    return format_version.load(storage, key, Manifest, CorruptManifest, "manifest")
 
 
 def verify(
@@ -161,22 +151,6 @@ def _check_partition(
             f"partition {p}: {backed_up} records in backup, {parsed} partitioned + quarantined"
         )
     return problems
-
-
-def files_at_or_after(storage: Storage, topic: str, position: Mapping[int, int]) -> list[str]:
-    """Data files of `topic` (any kind or generation) whose first offset is at or after
-    `position`, or whose partition `position` does not know. Other objects are ignored."""
-    found = []
-    for prefix in data_prefixes(topic):
-        for key in storage.list(prefix):
-            f = parse_data_key(key)
-            if (
-                f is not None
-                and f.topic == topic
-                and f.first_offset >= position.get(f.partition, 0)
-            ):
-                found.append(key)
-    return found
 
 
 def _report(manifest: Manifest) -> VerifyReport:

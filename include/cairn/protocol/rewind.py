@@ -20,10 +20,10 @@ topic, into sealed data, or of every token of a `latest` topic.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import fastavro
 
@@ -78,9 +78,9 @@ def backups_from(storage: Storage, topic: str, partition: int, start: int) -> li
         floor = beginning + (f"{start - 1:020d}" if start else "")
         for key in storage.list_after(folder, floor, beginning=beginning):
             f = parse_data_key(key)
-            if f is not None and f.kind == "backup" and f.first_offset >= start:
+            if f is not None and f.kind == "backup" and f.offset >= start:
                 found.append(f)
-    return sorted(found, key=lambda f: (f.first_offset, f.gen))
+    return sorted(found, key=lambda f: (f.offset, f.gen))
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,14 @@ def survey(storage: Storage, topic: str, position: Mapping[int, int]) -> Rewound
         if f.sealed:
             with storage.open_read(f.key) as data:
                 sealed |= {s.source for s in sources_of(read_header(data).metadata) or []}
-    return Rewound(backups, derived, sealed & rewound)
+    return Rewound(backups, derived, rewound & sealed)
 
 
 def spans(storage: Storage, rewound: Rewound) -> dict[int, list[Span]]:
     """The offsets each rewound backup file holds (its attempt's manifest says; the file itself
     when that is gone); those whose records are sealed are kept."""
     return {
-        p: [Span(f.first_offset, _last(storage, f), f.key in rewound.sealed_sources) for f in files]
+        p: [Span(f.offset, _last(storage, f), f.key in rewound.sealed_sources) for f in files]
         for p, files in rewound.backups.items()
     }
 
@@ -127,8 +127,8 @@ def supersedes(rewound: Rewound, ranges: Mapping[int, tuple[int, int]]) -> list[
     run's commit replaces (sealed files are never in a range the run reads: they are kept)."""
     found = []
     for f in [*(f for files in rewound.backups.values() for f in files), *rewound.derived]:
-        if f.sealed or f.partition not in ranges:
-            continue
+        if f.partition is None or f.first_offset is None or f.partition not in ranges:
+            continue  # a sealed file (it has neither), or a partition the run does not read
         start, end = ranges[f.partition]
         if start <= f.first_offset < end:
             found.append(f.key)
@@ -144,7 +144,7 @@ def refusal(
     reading them again, or fail (a retention gap), or if it deletes every token of a topic that
     starts at `latest` (token 1 records where archiving began).
     """
-    topic = cfg.topic
+    topic = cfg.topic_name
     if target is None and cfg.new_partition_start == "latest":
         return (
             f"topic {topic!r} starts at the end of Kafka (new_partition_start: latest): token 1 "
@@ -204,7 +204,7 @@ def rewind(
     """
     if sum(arg is not None for arg in (count, to_seq, before)) != 1:
         raise ValueError("rewind needs exactly one of count, to_seq, before")
-    topic = cfg.topic
+    topic = cfg.topic_name
     chain = [tokens.token_at(storage, topic, seq) for seq in tokens.seqs(storage, topic)]
     if count is not None:
         runs = [i for i, t in enumerate(chain) if t.kind == "archive"]
@@ -216,6 +216,7 @@ def rewind(
             raise ValueError(f"topic {topic!r}: no token {to_seq} to rewind to")
         keep = sum(t.seq <= to_seq for t in chain)
     else:
+        assert before is not None  # exactly one of the three was given
         keep = len(chain)
         while keep and chain[keep - 1].created_at >= before:
             keep -= 1
@@ -252,8 +253,8 @@ def _last(storage: Storage, f: DataFile) -> int:
     entry = entry_of(storage, f)
     if entry is not None:
         return entry.last_offset
-    last = f.first_offset
+    last = f.offset
     with storage.open_read(f.key) as data:
-        for record in fastavro.reader(data):
+        for record in cast(Iterator[dict[str, Any]], fastavro.reader(data)):
             last = record["offset"]
     return last

@@ -73,6 +73,35 @@ class Sealed(BaseModel):
     checksum: str
 
 
+class Payload(BaseModel):
+    """What a kind's commit says on its token besides the chain (`Token` fields of the same
+    names); each kind of attempt has its own, so a token field is set only by the kind that
+    means it."""
+
+    generation: PositiveInt = 1
+    manifest: str | None = None
+
+
+class ArchivePayload(Payload):
+    """An archive run's token fields: what it read and wrote, and what it skipped or kept."""
+
+    counts: Counts = Field(default_factory=Counts)
+    topic_id: str | None = None
+    planned_at: datetime | None = None
+    gaps: list[Gap] = Field(default_factory=list)
+    adopted: dict[NonNegativeInt, tuple[NonNegativeInt, NonNegativeInt]] = Field(
+        default_factory=dict
+    )
+
+
+class RebuildPayload(Payload):
+    rebuilt: Rebuilt
+
+
+class SealPayload(Payload):
+    sealed: Sealed
+
+
 class Token(Versioned):
     """One commit: the position after it, and what it did to the data folders.
 

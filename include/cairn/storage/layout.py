@@ -222,6 +222,13 @@ class DataFile:
         return self.chunk is not None
 
     @property
+    def offset(self) -> int:
+        """A run's file's first offset (a backup file is always one; a sealed file has none)."""
+        if self.first_offset is None:
+            raise ValueError(f"{self.key} is a sealed file: it starts at no one offset")
+        return self.first_offset
+
+    @property
     def key(self) -> str:
         if self.chunk is not None:
             name = sealed_file_name(self.gen, self.chunk)
