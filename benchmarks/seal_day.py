@@ -99,7 +99,7 @@ from requests_per_run import counting, history_run, private_s3, topic_config
 from cairn.datafiles.avro_file import read_header
 from cairn.datafiles.seal_writer import seal_folder
 from cairn.jobs import SealInput, to_env
-from cairn.kafka.connection import KafkaConf
+from cairn.kafka.connection import LIBRDKAFKA_LOG, KafkaConf
 from cairn.pipeline import completeness, seal
 from cairn.pipeline.proof import Proof
 from cairn.pipeline.rebuild import day_files
@@ -165,6 +165,7 @@ class TimedProducer:
                 "compression.type": "lz4",
                 "queue.buffering.max.messages": 500_000,
                 "enable.idempotence": True,
+                "logger": LIBRDKAFKA_LOG,  # "coordinator load in progress" while Kafka warms up
             }
         )
 
