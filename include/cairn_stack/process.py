@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -138,13 +139,6 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port() -> int:
-    """A port the OS reports free now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):
@@ -175,11 +169,27 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports `free_port_block` gave this process: a block's service may start long after (a
+session's fixtures start lazily), so they are never given again."""
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port_block(count: int, step: int = 1) -> list[int]:
     """`count` ports, each with its `step - 1` successors also free (for services that take
-    `port + 1` as well), all below 55000."""
-    while True:
-        base = free_port()
+    `port + 1` as well). From below the kernel's ephemeral range, where it picks the ports of
+    outgoing connections: a service started minutes after its ports were chosen would otherwise
+    find a client's connection on one."""
+    try:
+        top = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        top = 32768  # Linux's default
+    low = min(20000, top // 2)
+    for _ in range(1000):
+        base = random.randrange(low, top - count * step)
         ports = [base + i * step for i in range(count)]
-        if ports[-1] + step < 55000 and all(port_free(p + j) for p in ports for j in range(step)):
+        wanted = {p + j for p in ports for j in range(step)}
+        if not wanted & _HANDED_OUT and all(port_free(p) for p in wanted):
+            _HANDED_OUT.update(wanted)
             return ports
+    raise StackError(f"no {count} free ports (step {step}) between {low} and {top}")

@@ -103,6 +103,18 @@ def port() -> int:
     return free_port_block(1)[0]
 
 
+def test_port_blocks_lie_below_the_ephemeral_range_and_are_never_given_twice() -> None:
+    """A session starts some services minutes after choosing their ports: from the kernel's
+    ephemeral range, a client connection could take one first (seen: SeaweedFS refused to
+    start)."""
+    start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    blocks = [free_port_block(15, step=2) for _ in range(20)]
+    taken = [{p + j for p in block for j in range(2)} for block in blocks]
+    assert all(max(ports) < start for ports in taken)
+    assert len(set().union(*taken)) == 20 * 30  # no port in two blocks
+    assert all(port_free(p) for p in taken[0])
+
+
 def web(
     tmp_path: Path, port: int, name: str = "web", delay: float = 0.0, child: Path | None = None
 ) -> Service:
