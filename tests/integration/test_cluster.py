@@ -216,15 +216,23 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
     assert "CeleryExecutor" in cause and "\n" not in cause
 
 
+def connect_app(settings: StackSettings) -> str:
+    """The application id the cluster's Spark Connect server runs as."""
+    said = services.spark_connect(settings).log.read_text()
+    return re.findall(r"Connected to Spark cluster with app ID (\S+)", said)[-1]
+
+
 def executor_logs(settings: StackSettings, worker: int) -> dict[Path, int]:
-    """Each executor log of the worker, with how much of it is written so far."""
-    logs = (settings.state_dir / "spark" / f"worker-{worker}").glob("app-*/*/stderr")
-    return {log: log.stat().st_size for log in logs}
+    """Each log of the Connect server's executors on the worker, with how much of it is written
+    so far: other applications (the spark-submit jobs of other tests' DAGs) run there too."""
+    app = settings.state_dir / "spark" / f"worker-{worker}" / connect_app(settings)
+    return {log: log.stat().st_size for log in app.glob("*/stderr")}
 
 
 def running_tasks(settings: StackSettings, worker: int, since: dict[Path, int]) -> set[str]:
-    """The tasks the worker's executors started after `since` (the logs' sizes then) and have
-    not ended: an executor an earlier test killed left tasks that never end in its log."""
+    """The tasks the Connect server's executors on the worker started after `since` (the logs'
+    sizes then) and have not ended: an executor an earlier test killed left tasks that never
+    end in its log."""
     running = set()
     for log in executor_logs(settings, worker):
         with log.open("rb") as f:
