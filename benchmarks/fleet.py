@@ -17,7 +17,10 @@ Needs the running local stack (`make up` first, as `airflow_run.py`). Steps:
    the default) triggers every topic's archive DAG through the REST API at once, as if every
    schedule fired in the same second (the worst case spreading exists to avoid; the scheduler
    and LocalExecutor then run them as usual), or (`--fire schedule`) waits for the spread
-   schedules to fire by themselves.
+   schedules to fire by themselves, or (`--fire records`) configures the topics `run_on: records`
+   with `max_delay: --max-delay` (15 s) and waits for the triggerer to start their runs. With
+   `--idle-minutes`, the stack's CPU and the fleet's runs are first measured while no record
+   arrives (what idle topics cost).
 3. A topic is caught up when its newest token (Cairn's commit, read from the archive) covers
    every offset the burst produced; the time is the token's `created_at` minus the burst's start.
 
@@ -34,7 +37,8 @@ kernel's OOM kills, failed or retried tasks and the ERROR lines the Airflow serv
 At the end it restores the topics file byte for byte and (unless `--keep`) deletes the fleet's
 Kafka topics, its archive folders, its DAGs' metadata and lag Variables, also when interrupted.
 
-    .venv/bin/python benchmarks/fleet.py [--topics 100] [--records 20] [--fire trigger|schedule]
+    .venv/bin/python benchmarks/fleet.py [--topics 100] [--records 20]
+        [--fire trigger|schedule|records] [--max-delay 15] [--idle-minutes 0]
 """
 
 from __future__ import annotations
@@ -128,8 +132,9 @@ def unfinished_fleet_runs(api: AirflowAPI) -> list[dict]:
 # --- the topics file ------------------------------------------------------------------------
 
 
-def add_topics(path: Path, names: list[str], schedule: str) -> bytes:
-    """Append an entry per topic to the topics file; returns its original bytes to restore."""
+def add_topics(path: Path, names: list[str], schedule: str, max_delay: float | None) -> bytes:
+    """Append an entry per topic to the topics file, run on `schedule`, or when records wait
+    with `max_delay` seconds (not None); returns the file's original bytes to restore."""
     original = path.read_bytes()
     data = yaml.safe_load(original) or {}
     entries = data.setdefault("topics", [])
@@ -142,7 +147,11 @@ def add_topics(path: Path, names: list[str], schedule: str) -> bytes:
             "format": "json",
             "schema": str(SCHEMA),
             "event_time": {"field": "ts", "encoding": "iso8601"},
-            "schedule": schedule,
+            **(
+                {"run_on": "schedule", "schedule": schedule}
+                if max_delay is None
+                else {"run_on": "records", "max_delay": f"{max_delay:g}s"}
+            ),
         }
         for name in names
     ]
@@ -515,6 +524,21 @@ def cleanup(
     return notes
 
 
+def idle_cost(api: AirflowAPI, roots: dict[str, int], seconds: float) -> dict[str, Any]:
+    """CPU of the stack's processes and the fleet's runs started while no record arrives."""
+    say(f"idle for {seconds:.0f} s: measuring what the fleet costs with nothing to archive")
+    since = datetime.now(UTC)
+    before = cpu_snapshot(roots)
+    time.sleep(seconds)
+    after = cpu_snapshot(roots)
+    runs = query(api, "/api/v2/dags/~/dagRuns", "dag_runs", run_after_gte=since.isoformat())
+    return {
+        "idle_seconds": round(seconds),
+        "idle_cpu_cores": {k: round((after.get(k, 0) - v) / seconds, 3) for k, v in before.items()},
+        "idle_fleet_runs": len([r for r in runs if PREFIX in r["dag_id"]]),
+    }
+
+
 def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) -> dict:
     names = topic_names(args.topics)
     path = settings.topics_file
@@ -534,7 +558,8 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         .list_topics(timeout=30)
         .topics
     )
-    original = add_topics(path, names, args.schedule)
+    result["max_delay"] = max_delay = args.max_delay if args.fire == "records" else None
+    original = add_topics(path, names, args.schedule, max_delay)
     cfgs = fleet_configs(path)
     try:
         drop_archive({t: c for t, c in cfgs.items() if t not in existing})  # a fresh topic's
@@ -552,6 +577,8 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
             say(f"not settled in {args.settle_timeout} s; the burst goes on regardless")
 
         roots = stack_processes(settings)
+        if args.idle_minutes:
+            result |= idle_cost(api, roots, args.idle_minutes * 60)
         sampler = Sampler(settings, roots)
         cpu_before, ooms_before, own_before = cpu_snapshot(roots), oom_kills(), own_cpu()
         logs_before = log_offsets(settings)
@@ -670,7 +697,9 @@ def show(r: dict) -> None:
     print(
         f"Fleet: {r['topics']} topics × {r['partitions']} partition(s), {r['records_per_topic']} "
         f"records each, schedule {r['schedule']} (interval {r['interval_seconds']:.0f} s), "
-        f"fired by {r['fire']}, Spark: {r['spark_conn_type']}"
+        f"fired by {r['fire']}"
+        + (f" (max_delay {r['max_delay']:g} s)" if r.get("max_delay") else "")
+        + f", Spark: {r['spark_conn_type']}"
     )
     if r["settle_seconds"] is None:
         settled = f"{r['runs_on_creation']} of their first runs still unfinished at the burst"
@@ -684,6 +713,14 @@ def show(r: dict) -> None:
         if r["fire"] == "trigger"
         else ""
     )
+    if "idle_seconds" in r:
+        cores = ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(r["idle_cpu_cores"].items(), key=lambda kv: -kv[1])
+        )
+        print(
+            f"  idle {r['idle_seconds']} s: {r['idle_fleet_runs']} fleet runs started; "
+            f"cores {sum(r['idle_cpu_cores'].values()):.3f} ({cores})"
+        )
     print(f"  burst: produced in {r['produce_seconds']} s{fired}")
     rows = [
         (
@@ -755,9 +792,19 @@ def main() -> None:
     parser.add_argument("--schedule", default="*/10 * * * *", help="each topic's schedule")
     parser.add_argument(
         "--fire",
-        choices=["trigger", "schedule"],
+        choices=["trigger", "schedule", "records"],
         default="trigger",
-        help="trigger every archive DAG at once after the burst, or wait for the schedules",
+        help="trigger every archive DAG at once after the burst, wait for the schedules, or "
+        "run the topics when records wait (run_on: records, --max-delay)",
+    )
+    parser.add_argument(
+        "--max-delay", type=float, default=15, help="--fire records: each topic's max_delay (s)"
+    )
+    parser.add_argument(
+        "--idle-minutes",
+        type=float,
+        default=0,
+        help="before the burst, measure the stack's CPU and the fleet's runs while idle",
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to catch up")
     parser.add_argument("--parse-timeout", type=float, default=600, help="seconds to parse DAGs")

@@ -19,7 +19,7 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
-from cairn_airflow.assets import announce_dates, topic_asset
+from cairn_airflow.assets import announce_dates, archive_schedule, topic_asset
 from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.connections import kafka_conf, storage
@@ -47,7 +47,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         dag_id=dag_id("archive", topic),
         dag_display_name=f"{topic} · archive",
         description=f"Archive Kafka topic {topic} into {cfg.archive_root}",
-        schedule=cfg.archive_schedule,
+        schedule=archive_schedule(cfg),
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,

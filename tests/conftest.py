@@ -167,6 +167,9 @@ E2E_WORKERS = "e2e.workers"
 """Archived while a Spark worker or an Airflow worker is killed."""
 E2E_LOCAL_ROOT = "e2e.localroot"
 """Its archive root is a local folder: refused on the cluster."""
+E2E_WATCHED = "e2e.watched"
+WATCHED_DELAY = 15
+"""Runs when records wait (`run_on: records`): the oldest waiting WATCHED_DELAY seconds."""
 E2E_LAGGING = "e2e.lagging"
 E2E_QUIET = "e2e.quiet"
 """Both alert past 1s of time lag: the lagging one reads 5 records a run, the quiet one all;
@@ -181,8 +184,14 @@ defaults:
   format: json
   schema: {schema}
   archive_root: s3://{settings.s3_conn_id}@{settings.bucket}/{E2E_PREFIX}
+  run_on: schedule
   schedule: "@daily"
 topics:
+  - topic: {E2E_WATCHED}
+    event_time: {{field: ts, encoding: iso8601}}
+    run_on: records
+    max_delay: {WATCHED_DELAY}s
+    max_time_lag: 30d
   - topic: {E2E_TOPIC}
     event_time: {{field: ts, encoding: iso8601}}
     max_records_per_partition: 60

@@ -31,7 +31,7 @@ from pydantic import (
 from cairn.dag_ids import check_dag_topic
 from cairn.formats import FORMATS, format_class
 from cairn.formats.base import EventTime, FieldError, load_schema
-from cairn.schedule import spread
+from cairn.schedule import completion_cron, spread
 from cairn.storage.layout import DEFAULT_PATH_FORMAT, check_path_format, date_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,8 +145,18 @@ class TopicConfig(BaseModel):
     """Output generation, in every file name: bump it for an incompatible output change."""
     max_records_per_partition: int = Field(default=500_000, gt=0)
     """A run reads at most this many records per Kafka partition; the rest wait for the next."""
+    run_on: Literal["records", "schedule"] = "records"
+    """records: the archive DAG runs when records wait (min_records, max_delay), watched in
+    Airflow's triggerer, and daily to complete an idle topic's dates; schedule: it runs on
+    `schedule`, whether or not records wait (the default when the entry gives a schedule or
+    turns commit_consumer_group off)."""
+    max_delay: timedelta = timedelta(minutes=10)
+    """run_on records: run once the oldest waiting record has waited this long (30s, 10m)."""
+    min_records: int = Field(default=100_000, gt=0)
+    """run_on records: run at once when this many records wait, however new."""
     schedule: str = "*/10 * * * *"
-    """When the archive DAG runs: a 5-field cron or an Airflow preset such as @hourly."""
+    """run_on schedule: when the archive DAG runs, a 5-field cron or an Airflow preset such as
+    @hourly."""
     spread_schedule: bool = True
     """Run at a minute fixed by the topic's name inside the schedule's interval (*/10 becomes
     e.g. 7-59/10), so many topics do not start together; other crons are kept as written."""
@@ -217,6 +227,17 @@ class TopicConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _scheduled(cls, data: Any) -> Any:
+        """An entry (or its defaults) that gives a `schedule`, or turns `commit_consumer_group`
+        off, and gives no `run_on` runs on its schedule, as every topic did before `run_on`."""
+        if not isinstance(data, dict) or "run_on" in data:
+            return data
+        if "schedule" in data or data.get("commit_consumer_group") is False:
+            return {**data, "run_on": "schedule"}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _format_section(cls, data: Any) -> Any:
         """The entry's section named like its format holds that format's settings."""
         if isinstance(data, dict) and "format_settings" in data:
@@ -268,6 +289,7 @@ class TopicConfig(BaseModel):
         "spark_timeout",
         "attempt_timeout",
         "table_snapshot_age",
+        "max_delay",
         mode="before",
     )
     @classmethod
@@ -348,6 +370,18 @@ class TopicConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _run_on(self) -> TopicConfig:
+        if self.run_on == "records" and not self.commit_consumer_group:
+            raise FieldError(
+                "run_on",
+                "records needs commit_consumer_group: the triggerer reads the archived position "
+                "from the consumer group; set run_on: schedule",
+            )
+        if self.max_delay < timedelta(seconds=1):
+            raise FieldError("max_delay", "must be at least 1s")
+        return self
+
+    @model_validator(mode="after")
     def _completeness(self) -> TopicConfig:
         if self.lateness is not None and self.lateness < timedelta(0):
             raise FieldError("lateness", "must not be negative")
@@ -376,6 +410,14 @@ class TopicConfig(BaseModel):
         if self.spread_schedule and self.topic is not None:
             return spread(self.schedule, self.topic)
         return self.schedule
+
+    @property
+    def completion_schedule(self) -> str | None:
+        """run_on records: the daily cron of the run that completes an idle topic's dates
+        (`cairn.schedule.completion_cron`); None without completeness."""
+        if self.lateness is None or self.topic is None:
+            return None
+        return completion_cron(self.topic, -(-self.lateness // timedelta(minutes=1)))
 
     @property
     def topic_name(self) -> str:

@@ -68,3 +68,11 @@ def lag_weight(time_lag_seconds: float | None) -> int:
     if time_lag_seconds is None or time_lag_seconds != time_lag_seconds or time_lag_seconds < 0:
         return 0
     return min(int(time_lag_seconds // 60), MAX_LAG_WEIGHT)
+
+
+def completion_cron(topic: str, lateness_minutes: int) -> str:
+    """A daily cron just past the end of a date plus its lateness, at the topic's own minute:
+    the run that lets an idle topic's dates become complete (`cairn.pipeline.completeness`)
+    when no record starts one. A lateness of a day or more lands on a later day's run."""
+    offset = lateness_minutes + topic_minute(topic, 60)
+    return f"{offset % 60} {offset // 60 % 24} * * *"

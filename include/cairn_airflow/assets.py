@@ -1,17 +1,52 @@
-"""A topic's Airflow asset and its events: one per date that became complete
-(docs/table.md, Complete dates), the date as the event's partition key."""
+"""A topic's Airflow assets: its complete dates, one event per date that became complete
+(docs/table.md, Complete dates), the date as the event's partition key; and its waiting records,
+watched in the triggerer, which schedule the archive DAG of a `run_on: records` topic."""
 
 from __future__ import annotations
 
-from airflow.sdk import Asset, get_current_context
+from airflow.sdk import (
+    Asset,
+    AssetOrTimeSchedule,
+    AssetWatcher,
+    CronTriggerTimetable,
+    get_current_context,
+)
 from airflow.sdk.exceptions import AirflowSkipException
 
+from cairn.config import TopicConfig
 from cairn.pipeline import completeness
+from cairn_airflow.triggers.waiting_records import WaitingRecordsTrigger
 
 
 def topic_asset(topic: str) -> Asset:
     """The asset whose events announce `topic`'s complete dates."""
     return Asset(completeness.asset_name(topic))
+
+
+def waiting_asset(cfg: TopicConfig) -> Asset:
+    """The asset whose events say records wait in the topic: a `WaitingRecordsTrigger` watches
+    it. `:` cannot be in a topic's name, so no topic's other asset can take this name."""
+    topic = cfg.topic_name
+    trigger = WaitingRecordsTrigger(
+        topic=topic,
+        group=cfg.group_id,
+        min_records=cfg.min_records,
+        max_delay=cfg.max_delay.total_seconds(),
+    )
+    name = f"cairn.waiting:{topic}"
+    return Asset(name=name, uri=name, watchers=[AssetWatcher(name=name, trigger=trigger)])
+
+
+def archive_schedule(cfg: TopicConfig) -> str | AssetOrTimeSchedule | Asset:
+    """`run_on: schedule`: the topic's cron. `run_on: records`: its waiting records, or the daily
+    run that completes its dates when it is idle (`TopicConfig.completion_schedule`)."""
+    if cfg.run_on == "schedule":
+        return cfg.archive_schedule
+    waiting = waiting_asset(cfg)
+    if cfg.completion_schedule is None:
+        return waiting
+    daily = CronTriggerTimetable(cfg.completion_schedule, timezone=cfg.timezone)
+    return AssetOrTimeSchedule(timetable=daily, assets=waiting)
 
 
 def announce_dates(asset: Asset, done: dict) -> list[str]:

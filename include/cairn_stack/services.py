@@ -509,9 +509,9 @@ POOL_DOC = "Cairn's Spark jobs (archive and rebuild): one slot each"
 
 
 def airflow(settings: StackSettings) -> list[Service]:
-    """Api-server, scheduler and dag-processor, once `postgres` runs (and Celery workers in the
-    distributed shape); the api-server's start migrates the metadata database and sets the
-    Spark pool's slots."""
+    """Api-server, scheduler, dag-processor and triggerer, once `postgres` runs (and Celery
+    workers in the distributed shape); the api-server's start migrates the metadata database
+    and sets the Spark pool's slots."""
     env = airflow_env(settings)
     exe = str(Path(sys.executable).parent / "airflow")
 
@@ -556,6 +556,8 @@ def airflow(settings: StackSettings) -> list[Service]:
         service("airflow-api-server", api, [settings.airflow_port], "metadatabase"),
         service("airflow-scheduler", scheduler, [settings.airflow_health_port], "scheduler"),
         service("airflow-dag-processor", ["dag-processor"], [], "dag_processor"),
+        # runs the waiting-records triggers of `run_on: records` topics
+        service("airflow-triggerer", ["triggerer", "--skip-serve-logs"], [], "triggerer"),
     ]
     return [*found, *cluster.celery_workers(settings, env)] if settings.cluster else found
 

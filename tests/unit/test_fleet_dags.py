@@ -55,10 +55,10 @@ def test_only_spark_tasks_use_the_spark_pool():
 
 
 def test_the_archive_dag_runs_on_the_topics_spread_schedule():
-    spread_on = archive_dag(parsing("orders.eu"))
+    spread_on = archive_dag(parsing("orders.eu", run_on="schedule"))
     assert spread_on.timetable.expression == spread("*/10 * * * *", "orders.eu")
     assert spread_on.timetable.expression != "*/10 * * * *"
-    spread_off = archive_dag(parsing("orders.eu", spread_schedule=False))
+    spread_off = archive_dag(parsing("orders.eu", run_on="schedule", spread_schedule=False))
     assert spread_off.timetable.expression == "*/10 * * * *"
 
 

@@ -359,7 +359,7 @@ def test_the_distributed_shape_runs_celery_workers_and_a_spark_cluster_with_noth
     assert list(found) == [
         "kafka", "seaweedfs", "postgres", "redis", "spark-master", "spark-worker-1",
         "spark-worker-2", "spark-connect-cluster", "airflow-api-server", "airflow-scheduler",
-        "airflow-dag-processor", "airflow-worker-1", "airflow-worker-2",
+        "airflow-dag-processor", "airflow-triggerer", "airflow-worker-1", "airflow-worker-2",
     ]  # fmt: skip
     server = " ".join(found["spark-connect-cluster"].argv)
     assert f"--master spark://{settings.host}:{settings.spark_cluster_port}" in server

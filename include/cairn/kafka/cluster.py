@@ -15,12 +15,13 @@ from typing import Any, NamedTuple
 from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 from cairn.errors import PermanentError
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
@@ -120,6 +121,39 @@ def list_topic_names(kafka: KafkaConf, timeout: float = 30.0) -> list[str]:
     admin = _Client(kafka, AdminClient)
     names = admin.metadata(None, timeout).topics
     return sorted(name for name in names if not name.startswith("__"))
+
+
+class OffsetsReader:
+    """One admin client that reads the last stable offsets of many topics at once: the
+    triggerer's one metadata client (`cairn_airflow.triggers.waiting_records`)."""
+
+    def __init__(self, kafka: KafkaConf) -> None:
+        self.admin = _Client(kafka, AdminClient)
+
+    def stable_offsets(self, topics: set[str], timeout: float = 10.0) -> dict[str, dict[int, int]]:
+        """Per topic that exists, per partition, the last stable offset: the end of what
+        `read_committed` readers see. One metadata request and one ListOffsets request per
+        broker, whatever the number of topics; a partition whose answer failed is left out."""
+        if not topics:
+            return {}
+        found = self.admin.metadata(None, timeout).topics
+        asked = {
+            TopicPartition(topic, p): OffsetSpec.latest()
+            for topic in topics
+            if topic in found and found[topic].error is None
+            for p in found[topic].partitions
+        }
+        if not asked:
+            return {}
+        futures = self.admin.client.list_offsets(
+            asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout
+        )
+        offsets: dict[str, dict[int, int]] = {}
+        for tp, future in futures.items():
+            with contextlib.suppress(KafkaException):
+                offsets.setdefault(tp.topic, {})[tp.partition] = future.result().offset
+        self.admin.check_access()
+        return offsets
 
 
 def fetch_watermarks(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> dict[int, Watermarks]:

@@ -31,7 +31,15 @@ LOCAL_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 def kafka_conf() -> KafkaConf:
     """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
     configuration, checked to be usable by every client Cairn runs (`cairn.kafka.connection`)."""
-    conn = BaseHook.get_connection(KAFKA_CONN_ID)
+    return _kafka_conf(BaseHook.get_connection(KAFKA_CONN_ID))
+
+
+async def akafka_conf() -> KafkaConf:
+    """`kafka_conf` for async code: the triggerer's."""
+    return _kafka_conf(await BaseHook.aget_connection(KAFKA_CONN_ID))
+
+
+def _kafka_conf(conn: Any) -> KafkaConf:
     label = f"Airflow connection {KAFKA_CONN_ID!r}"
     if conn.conn_type != "kafka":
         raise KafkaConfigError(f"{label} is of type {conn.conn_type!r}; make it a 'kafka' one")

@@ -1,0 +1,111 @@
+"""Secor's rule in the triggerer (`cairn.waiting`): a run fires when enough records wait or the
+oldest has waited max_delay, never while idle, once per firing until its run commits, and again
+if the run never commits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from cairn.config import TopicConfig
+from cairn.schedule import completion_cron, topic_minute
+from cairn.waiting import WaitRule, Watch, waiting_records
+
+RULE = WaitRule(min_records=100, max_delay=15.0)
+
+
+def watching(position: dict[int, int]) -> Watch:
+    watch = Watch(RULE)
+    assert watch.needs_position({0: 0}, 0.0)  # never read yet
+    watch.saw_position(position)
+    return watch
+
+
+def test_an_idle_topic_never_fires_and_asks_for_nothing_but_its_offsets():
+    watch = watching({0: 50, 1: 7})
+    for second in range(0, 3600, 5):
+        assert not watch.needs_position({0: 50, 1: 7}, float(second))
+        assert not watch.due({0: 50, 1: 7}, float(second))
+
+
+def test_a_few_records_fire_once_the_oldest_has_waited_max_delay():
+    watch = watching({0: 50})
+    assert not watch.due({0: 52}, 100.0)  # first seen at 100
+    assert not watch.due({0: 53}, 114.0)
+    assert watch.needs_position({0: 53}, 115.0)  # due: the position is read again first
+    watch.saw_position({0: 50})
+    assert watch.due({0: 53}, 115.0)
+
+
+def test_enough_records_fire_at_once():
+    watch = watching({0: 0, 1: 0})
+    assert watch.due({0: 60, 1: 40}, 0.0)
+
+
+def test_a_firing_is_not_repeated_until_its_run_commits_then_the_next_counts_from_the_firing():
+    watch = watching({0: 0})
+    assert watch.due({0: 500}, 10.0)
+    for second in (15.0, 30.0, 60.0):  # the run is on its way: no second firing
+        assert watch.needs_position({0: 900}, second)  # watching for its commit
+        watch.saw_position({0: 0})
+        assert not watch.due({0: 900}, second)
+    watch.saw_position({0: 500})  # committed; 400 arrived after the plan
+    assert not watch.due({0: 520}, 20.0)
+    assert watch.due({0: 520}, 25.0)  # 15 s after the firing, not after the commit was seen
+
+
+def test_a_run_that_never_commits_is_fired_again():
+    watch = watching({0: 0})
+    assert not watch.due({0: 5}, 0.0)
+    assert watch.due({0: 5}, 15.0)
+    assert not watch.due({0: 5}, 15.0 + RULE.refire_after - 1)
+    assert watch.due({0: 5}, 15.0 + RULE.refire_after)
+
+
+def test_a_run_that_commits_exactly_up_to_kafkas_end_leaves_the_topic_idle():
+    watch = watching({0: 0})
+    assert watch.due({0: 500}, 0.0)
+    watch.saw_position({0: 500})
+    assert not watch.needs_position({0: 500}, 100.0)
+    assert not watch.due({0: 500}, 100.0)
+
+
+def test_a_position_past_kafkas_end_fires_so_a_run_reports_the_recreated_topic():
+    watch = watching({0: 900})
+    assert watch.due({0: 3}, 0.0)
+
+
+def test_new_and_never_archived_partitions_count_from_zero():
+    assert waiting_records({0: 10, 1: 5}, {0: 8}) == 7
+    watch = watching({})
+    assert watch.due({0: 150}, 0.0)
+
+
+@pytest.mark.parametrize(("lateness", "hour"), [(60, 1), (90, 1), (0, 0), (24 * 60 + 30, 0)])
+def test_the_completion_run_is_daily_past_the_lateness_at_the_topics_minute(lateness, hour):
+    minute, cron = topic_minute("orders", 60), completion_cron("orders", lateness)
+    offset = lateness + minute
+    assert cron == f"{offset % 60} {offset // 60 % 24} * * *"
+    assert int(cron.split()[1]) in (hour, hour + 1)
+
+
+def entry(**settings) -> TopicConfig:
+    return TopicConfig.model_validate({"topic": "orders", "format": "raw"} | settings)
+
+
+def test_topics_run_when_records_wait_unless_they_give_a_schedule_or_keep_the_group_alone():
+    assert entry().run_on == "records"
+    assert entry().max_delay == timedelta(minutes=10)
+    assert entry(max_delay="30s").max_delay == timedelta(seconds=30)
+    assert entry(schedule="@hourly").run_on == "schedule"  # as before run_on existed
+    assert entry(commit_consumer_group=False).run_on == "schedule"
+    assert entry(schedule="@hourly", run_on="records").run_on == "records"
+    with pytest.raises(ValueError, match="records needs commit_consumer_group"):
+        entry(run_on="records", commit_consumer_group=False)
+    with pytest.raises(ValueError, match="max_delay"):
+        entry(max_delay="0s")
+    assert entry(lateness=timedelta(minutes=61)).completion_schedule == completion_cron(
+        "orders", 61
+    )
+    assert entry(lateness=None).completion_schedule is None
