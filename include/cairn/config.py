@@ -180,6 +180,9 @@ class TopicConfig(BaseModel):
     is refused as a changed or mistyped root. Remove it after that run."""
     max_time_lag: timedelta = timedelta(hours=1)
     """Alert when the oldest record not yet archived is older than this (30m, 2h, 1d, seconds)."""
+    max_freshness: timedelta | None = None
+    """Alert when the p95 of how long records waited from Kafka to the archive over the last
+    hour is past this; null: 3 x max_delay (at least 5m) for run_on records, none for schedule."""
     max_quarantine_ratio: float = Field(default=0.01, ge=0, le=1)
     """Alert when more than this share of the recent runs' records went to quarantine."""
     max_run_duration: timedelta = timedelta(hours=1)
@@ -290,6 +293,7 @@ class TopicConfig(BaseModel):
         "attempt_timeout",
         "table_snapshot_age",
         "max_delay",
+        "max_freshness",
         mode="before",
     )
     @classmethod
@@ -410,6 +414,13 @@ class TopicConfig(BaseModel):
         if self.spread_schedule and self.topic is not None:
             return spread(self.schedule, self.topic)
         return self.schedule
+
+    @property
+    def freshness_limit(self) -> timedelta | None:
+        """The p95 freshness past which the topic alerts (`max_freshness`), or None."""
+        if self.max_freshness is not None or self.run_on == "schedule":
+            return self.max_freshness
+        return max(3 * self.max_delay, timedelta(minutes=5))
 
     @property
     def completion_schedule(self) -> str | None:

@@ -1,11 +1,12 @@
 """Event-driven runs against the real stack: Kafka's last stable offsets read for many topics in
 one request (an open transaction's records not counted), and a `run_on: records` topic's archive
 DAG run by the real triggerer's `WaitingRecordsTrigger` — never while the topic is idle, within
-its max_delay once records wait, and after a triggerer restart with records waiting, each
-record archived once."""
+its max_delay once records wait (how long they waited on `/cairn/metrics`), and after a
+triggerer restart with records waiting, each record archived once."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 
@@ -13,6 +14,7 @@ from confluent_kafka import Producer
 
 from cairn.kafka.cluster import OffsetsReader
 from cairn.kafka.connection import KafkaConf
+from cairn.pipeline import run_record
 from cairn.protocol import tokens
 from cairn.storage.objects import Storage
 from cairn_airflow.triggers.waiting_records import POLL_SECONDS
@@ -21,6 +23,7 @@ from cairn_stack.demo import create_topic, produce, sample_events
 from tests.conftest import E2E_PREFIX, E2E_WATCHED, WATCHED_DELAY
 from tests.integration.conftest import read_archive
 from tests.integration.test_archive import NOW, all_offsets, assert_exactly_once
+from tests.integration.test_overview_page import fetch
 
 DAG_ID = f"archive__{E2E_WATCHED}"
 SCHEDULER_SLACK = 20.0
@@ -89,6 +92,17 @@ def test_a_watched_topic_runs_only_when_records_wait_and_after_a_triggerer_resta
         <= (queued - sent).total_seconds()
         <= (WATCHED_DELAY + 2 * POLL_SECONDS + SCHEDULER_SLACK)
     ), (sent, first)
+
+    # Its records waited at least max_delay (the oldest, from its Kafka timestamp to the commit),
+    # and no longer than from before they were sent to the commit.
+    last = run_record.topic_status(storage, E2E_WATCHED).last
+    (span,) = last.freshness
+    assert span.records == 20
+    assert WATCHED_DELAY <= span.high <= (last.committed_at - sent).total_seconds() + 1
+    token = (cluster_settings.state_dir / "airflow" / "metrics_token").read_text()
+    served = fetch(airflow.base + "/cairn/metrics", {"Authorization": f"Bearer {token}"})[2]
+    p95 = re.search(rf'cairn_freshness_p95_seconds{{topic="{E2E_WATCHED}"}} ([\d.]+)', served)
+    assert p95 and WATCHED_DELAY <= float(p95[1]) <= span.high, served
 
     time.sleep(2 * WATCHED_DELAY + 2 * POLL_SECONDS)  # archived: idle again, no firing more
     assert len(asset_runs(airflow)) == 1

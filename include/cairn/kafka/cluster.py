@@ -230,30 +230,47 @@ def _describing(kafka: KafkaConf, topic: str, timeout: float) -> Iterator[None]:
 
 
 def timestamps_at(
-    kafka: KafkaConf, topic: str, offsets: dict[int, int], timeout: float = 10.0
+    kafka: KafkaConf,
+    topic: str,
+    offsets: dict[int, int],
+    timeout: float = 10.0,
+    before: dict[int, int] | None = None,
 ) -> dict[int, int]:
-    """Kafka timestamp (millis) of the record at each partition's offset, for time lag.
+    """Kafka timestamp (millis) of the first record at or after each partition's offset (and
+    before `before[p]`, if given), for time lag and freshness.
 
-    A partition whose record cannot be fetched in time is left out rather than guessed.
+    A partition whose record cannot be fetched in time, or that has none there (its end reached,
+    or only transaction markers and aborted records), is left out rather than guessed.
     """
     if not offsets:
         return {}
     lag_reader = _Client(
-        kafka, Consumer, **_CONSUMER, **{"group.id": "cairn-lag", "fetch.max.bytes": 1024 * 1024}
+        kafka,
+        Consumer,
+        **_CONSUMER,
+        **{"group.id": "cairn-lag", "fetch.max.bytes": 1024 * 1024, "enable.partition.eof": True},
     )
     consumer = lag_reader.client
     try:
         consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
         found: dict[int, int] = {}
+        pending = set(offsets)
         deadline = time.monotonic() + timeout
-        while len(found) < len(offsets) and time.monotonic() < deadline:
+        while pending and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             lag_reader.check_access(poll=False)
-            if msg is None or msg.error() is not None:
+            if msg is None:
                 continue
             p = msg.partition()
-            if p not in found and msg.offset() >= offsets[p]:
-                found[p] = msg.timestamp()[1]
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(p)
+                continue
+            if p in pending and msg.offset() >= offsets[p]:
+                if before is None or msg.offset() < before[p]:
+                    found[p] = msg.timestamp()[1]
+                pending.discard(p)
                 consumer.pause([TopicPartition(topic, p)])
         return found
     finally:

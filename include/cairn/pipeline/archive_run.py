@@ -22,7 +22,7 @@ from pydantic import Field
 from cairn.config import TopicConfig
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline import run_record
+from cairn.pipeline import freshness, run_record
 from cairn.protocol import commit, leftovers, manifest, rewind, tokens
 from cairn.protocol.attempt import Attempts, Claimed
 from cairn.protocol.plan import ArchiveElsewhere, Plan, TopicRecreated, lag, plan
@@ -325,6 +325,7 @@ def _run_record(
         error = f"{type(err).__name__}: {err}"
         partition_lag = {}
         log.warning("topic %s: lag unknown after commit: %s", planned.topic, error)
+    span = _freshness(planned, token, report, kafka)
     return run_record.RunRecord(
         topic=planned.topic,
         seq=token.seq,
@@ -342,4 +343,24 @@ def _run_record(
         next_offsets=next_offsets,
         partition_time_lag_seconds=partition_lag,
         partition_counts=report.partitions,
+        freshness=[span] if span else [],
     )
+
+
+def _freshness(
+    planned: Planned, token: tokens.Token, report: manifest.VerifyReport, kafka: KafkaConf
+) -> freshness.Span | None:
+    """How long the run's records waited (`cairn.pipeline.freshness`), from the Kafka timestamps
+    of the first and last record it read per partition; None if Kafka did not say."""
+    read = {p: c.read for p, c in report.partitions.items()}
+    ranges = {p: r for p, r in planned.plan.to_read.items() if read.get(p)}
+    try:
+        first = cluster.timestamps_at(kafka, planned.topic, {p: a for p, (a, _) in ranges.items()})
+        ends = {p: b for p, (_, b) in ranges.items()}
+        last = cluster.timestamps_at(
+            kafka, planned.topic, {p: b - 1 for p, b in ends.items()}, before=ends
+        )
+    except Exception as err:  # the token is committed; freshness is only reported
+        log.warning("topic %s: freshness unknown after commit: %s", planned.topic, err)
+        return None
+    return freshness.run_span(token.created_at, planned.planned_at, read, first, last)

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from cairn.pipeline.freshness import Span, window
 from cairn.protocol.tokens import Counts, Gap
 from cairn.storage.layout import status_folder, status_key
 from cairn.storage.objects import Storage
@@ -66,6 +67,9 @@ class RunRecord(BaseModel):
     """The Kafka consumer group the token's offsets were committed to (None: not committed)."""
     consumer_group_error: str | None = None
     """Why committing the consumer group's offsets failed (the token stands all the same)."""
+    freshness: list[Span] = Field(default_factory=list)
+    """How long this run's records waited from Kafka to the commit, after the spans of the
+    runs committed in the hour before it (`cairn.pipeline.freshness`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -103,14 +107,18 @@ def key(topic: str, seq: int) -> str:
     return status_key(topic, seq)
 
 
-def with_totals(record: RunRecord, previous: RunRecord | None) -> RunRecord:
-    """`record` with `partition_totals` = the previous run's totals plus this run's counts."""
+def with_history(record: RunRecord, previous: RunRecord | None) -> RunRecord:
+    """`record` with `partition_totals` = the previous run's totals plus this run's counts, and
+    the previous run's freshness spans of the last hour before its own."""
     before = previous.partition_totals if previous else {}
     totals = {}
     for p in sorted(set(before) | set(record.partition_counts)):
         old, new = before.get(p, Counts()), record.partition_counts.get(p, Counts())
         totals[p] = Counts(**{f: getattr(old, f) + getattr(new, f) for f in Counts.model_fields})
-    return record.model_copy(update={"partition_totals": totals})
+    spans = window(None, previous.freshness if previous else [], record.committed_at)
+    return record.model_copy(
+        update={"partition_totals": totals, "freshness": spans + record.freshness}
+    )
 
 
 def save(storage: Storage, record: RunRecord) -> bool:
@@ -121,7 +129,7 @@ def save(storage: Storage, record: RunRecord) -> bool:
     try:
         earlier = sorted(s for s in _seqs(storage, record.topic) if s < record.seq)
         previous = load(storage, record.topic, earlier[-1]) if earlier else None
-        full = with_totals(record, previous)
+        full = with_history(record, previous)
         storage.write(key(record.topic, record.seq), full.model_dump_json(indent=2).encode())
         for seq in earlier[: max(0, len(earlier) + 1 - KEEP)]:
             storage.delete(key(record.topic, seq))

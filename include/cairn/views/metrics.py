@@ -13,8 +13,10 @@ counters).
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
+from cairn.pipeline import freshness
 from cairn.pipeline.run_record import RunRecord, TopicStatus
 from cairn.protocol.tokens import Counts
 from cairn.topics_file import LoadResult
@@ -40,6 +42,8 @@ RECORDS_QUARANTINED = "cairn.records_quarantined"
 RUN_DURATION = "cairn.run_duration_seconds"
 LAST_COMMIT = "cairn.last_commit_timestamp_seconds"
 QUARANTINE_RATIO = "cairn.quarantine_ratio"
+FRESHNESS_P50 = "cairn.freshness_p50_seconds"
+FRESHNESS_P95 = "cairn.freshness_p95_seconds"
 CONFIG_ERRORS = "cairn.config_errors"
 
 TIMINGS = frozenset({RUN_DURATION})
@@ -54,6 +58,8 @@ HELP = {
     RUN_DURATION: "Seconds from planning a run to committing its token.",
     LAST_COMMIT: "When the newest token was committed, in Unix epoch seconds.",
     QUARANTINE_RATIO: "Records quarantined per record read over the recent runs.",
+    FRESHNESS_P50: "Median seconds records committed in the last hour waited from Kafka.",
+    FRESHNESS_P95: "95th percentile of the seconds records committed in the last hour waited.",
     CONFIG_ERRORS: "Mistakes in a topics file; the topics they describe are not archived.",
 }
 
@@ -66,16 +72,19 @@ _COUNTERS = (
 
 def run_samples(record: RunRecord) -> list[Sample]:
     """What one committed run reports: gauges after it, counters by its own counts."""
-    return _gauges(record) + _counters(record.topic, record.partition_counts, record)
+    gauges = _gauges(record, record.committed_at)
+    return gauges + _counters(record.topic, record.partition_counts, record)
 
 
-def samples(status: TopicStatus) -> list[Sample]:
-    """What a scrape serves for a topic: gauges of its newest run, counters from running totals,
-    and the quarantine ratio over its recent runs. Empty for a topic never run."""
+def samples(status: TopicStatus, now: datetime | None = None) -> list[Sample]:
+    """What a scrape at `now` (default: the clock) serves for a topic: gauges of its newest run
+    (freshness over the hour before `now`), counters from running totals, and the quarantine
+    ratio over its recent runs. Empty for a topic never run."""
     record = status.last
     if record is None:
         return []
-    found = _gauges(record) + _counters(record.topic, record.partition_totals, record)
+    gauges = _gauges(record, now or datetime.now(UTC))
+    found = gauges + _counters(record.topic, record.partition_totals, record)
     if status.quarantine_ratio is not None:
         found.append(_sample(QUARANTINE_RATIO, "gauge", status.quarantine_ratio, record.topic))
     return found
@@ -91,7 +100,7 @@ def config_samples(loaded: LoadResult) -> list[Sample]:
     ]
 
 
-def _gauges(record: RunRecord) -> list[Sample]:
+def _gauges(record: RunRecord, now: datetime) -> list[Sample]:
     topic = record.topic
     found = [
         _sample(OFFSET_LAG, "gauge", lag, topic, p) for p, lag in sorted(record.offset_lag.items())
@@ -103,6 +112,10 @@ def _gauges(record: RunRecord) -> list[Sample]:
         found += [_sample(TIME_LAG, "gauge", lag, topic, p) for p, lag in sorted(lags.items())]
     found.append(_sample(RUN_DURATION, "gauge", record.duration_seconds, topic))
     found.append(_sample(LAST_COMMIT, "gauge", record.committed_at.timestamp(), topic))
+    fresh = freshness.hour_quantiles(record.freshness, now)
+    if fresh is not None:
+        found.append(_sample(FRESHNESS_P50, "gauge", fresh[0], topic))
+        found.append(_sample(FRESHNESS_P95, "gauge", fresh[1], topic))
     return found
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import io
 from collections import Counter
 from collections.abc import Iterable
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any, cast
 
 import fastavro
 from pydantic import BaseModel
 
 from cairn.config import TopicConfig
-from cairn.pipeline import completeness, run_record
+from cairn.pipeline import completeness, freshness, run_record
 from cairn.pipeline.proof import read_proof
 from cairn.pipeline.run_record import RunRecord
 from cairn.protocol import commit
@@ -55,6 +55,9 @@ class TopicOverview(BaseModel):
     """Total offset lag after each recent run, oldest first."""
     time_lag_trend: list[float]
     """Time lag after each recent run, oldest first (runs that did not know it left out)."""
+    freshness: tuple[float, float] | None
+    """p50 and p95 seconds the records committed in the last hour waited from Kafka."""
+    freshness_limit_seconds: float | None
     last: RunRecord | None
     quarantined: int
     """Records quarantined over the recent runs."""
@@ -168,6 +171,8 @@ def _overview(storage: Storage, cfg: TopicConfig, recent: list[RunRecord]) -> To
         time_lag_seconds=last.time_lag_seconds if last else None,
         offset_lag_trend=[sum(r.offset_lag.values()) for r in oldest_first],
         time_lag_trend=[r.time_lag_seconds for r in oldest_first if r.time_lag_seconds is not None],
+        freshness=freshness.hour_quantiles(last.freshness, datetime.now(UTC)) if last else None,
+        freshness_limit_seconds=limit.total_seconds() if (limit := cfg.freshness_limit) else None,
         last=last,
         quarantined=sum(r.counts.quarantined for r in recent),
         quarantine_ratio=run_record.quarantine_ratio(recent),

@@ -74,7 +74,8 @@ def check_health(cfg: TopicConfig) -> list[str]:
     if found:
         raise AirflowFailException("; ".join(map(str, found)))
     return [
-        f"topic {cfg.topic!r}: within max_time_lag {cfg.max_time_lag} and "
+        f"topic {cfg.topic!r}: within max_time_lag {cfg.max_time_lag}, "
+        f"max_freshness {cfg.freshness_limit or 'none'} and "
         f"max_quarantine_ratio {cfg.max_quarantine_ratio:g}"
     ]
 

@@ -1,0 +1,111 @@
+"""Freshness (`cairn.pipeline.freshness`): each run's span of waits from the Kafka timestamps of
+its first and last records, an hour of spans carried in the run records, its p50/p95 on the
+metrics, and the alert past `max_freshness`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cairn.config import TopicConfig
+from cairn.pipeline import freshness, run_record
+from cairn.pipeline.freshness import Span
+from cairn.pipeline.run_record import RunRecord, TopicStatus
+from cairn.protocol.tokens import Counts
+from cairn.storage.objects import Storage
+from cairn.views import alerts, metrics
+
+T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+def ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def test_a_runs_span_runs_from_its_newest_to_its_oldest_record():
+    committed, planned = T0, T0 - timedelta(seconds=4)
+    span = freshness.run_span(
+        committed,
+        planned,
+        read={0: 10, 1: 5, 2: 0},
+        first={0: ms(T0 - timedelta(seconds=30)), 1: ms(T0 - timedelta(seconds=12))},
+        last={0: ms(T0 - timedelta(seconds=6))},  # partition 1 ends in transaction markers
+    )
+    assert span == Span(committed_at=committed, records=15, low=4.0, high=30.0)
+    assert freshness.run_span(committed, planned, {0: 3}, {}, {}) is None  # Kafka said nothing
+
+
+def test_quantiles_weigh_each_span_by_its_records_spread_evenly():
+    spans = [
+        Span(committed_at=T0, records=90, low=0.0, high=10.0),
+        Span(committed_at=T0, records=10, low=100.0, high=100.0),
+    ]
+    assert freshness.quantile(spans, 0.5) == pytest.approx(50 / 9, abs=1e-6)
+    assert freshness.quantile(spans, 0.95) == pytest.approx(100.0, abs=1e-6)
+    assert freshness.quantile([], 0.5) is None
+
+
+def test_only_the_last_hours_spans_count_and_an_idle_hour_has_no_freshness():
+    old = Span(committed_at=T0 - timedelta(minutes=61), records=100, low=500.0, high=900.0)
+    new = Span(committed_at=T0 - timedelta(minutes=5), records=1, low=2.0, high=2.0)
+    assert freshness.hour_quantiles([old, new], T0) == pytest.approx((2.0, 2.0))
+    assert freshness.hour_quantiles([old, new], T0 + timedelta(hours=2)) is None
+
+
+def record(seq: int, at: datetime, span: Span | None) -> RunRecord:
+    return RunRecord(
+        topic="orders",
+        seq=seq,
+        run_id=f"r{seq}",
+        planned_at=at - timedelta(seconds=5),
+        committed_at=at,
+        duration_seconds=5.0,
+        counts=Counts(read=1, backup=1),
+        offset_lag={0: 0},
+        time_lag_seconds=0.0,
+        lag_error=None,
+        next_offsets={0: seq},
+        freshness=[span] if span else [],
+    )
+
+
+def test_each_run_record_carries_the_hour_of_spans_before_it():
+    storage = Storage("memory://fresh")
+    spans = [
+        Span(committed_at=T0 + timedelta(minutes=20 * i), records=1, low=i, high=i)
+        for i in range(5)
+    ]
+    for i, span in enumerate(spans):
+        assert run_record.save(storage, record(i + 1, span.committed_at, span))
+    newest = run_record.load(storage, "orders", 5)
+    assert newest is not None
+    assert newest.freshness == spans[1:]  # 80 minutes: the first fell out of the hour
+    assert run_record.save(storage, record(6, T0 + timedelta(minutes=81), None))
+    assert run_record.load(storage, "orders", 6).freshness == spans[2:]
+
+
+def test_metrics_and_alerts_read_freshness_from_the_newest_record():
+    cfg = TopicConfig(topic="orders", format="raw", max_delay="30s")
+    slow = record(1, T0, Span(committed_at=T0, records=100, low=200.0, high=400.0))
+    status = TopicStatus(topic="orders", last=slow, quarantine_ratio=None, recent=[slow])
+
+    served = {s.name: s.value for s in metrics.samples(status, now=T0)}
+    assert served[metrics.FRESHNESS_P50] == pytest.approx(300.0)
+    assert served[metrics.FRESHNESS_P95] == pytest.approx(390.0)
+    assert metrics.FRESHNESS_P95 not in {
+        s.name for s in metrics.samples(status, now=T0 + timedelta(hours=2))
+    }
+
+    assert cfg.freshness_limit == timedelta(minutes=5)  # 3 x max_delay, at least 5 minutes
+    (breach,) = alerts.breaches(cfg, status, now=T0)
+    assert breach.setting == "max_freshness" and breach.value == pytest.approx(390.0)
+    assert (
+        alerts.breaches(
+            cfg.model_copy(update={"max_freshness": timedelta(minutes=7)}), status, now=T0
+        )
+        == []
+    )
+    assert alerts.breaches(cfg, status, now=T0 + timedelta(hours=2)) == []  # idle: no evidence
+    scheduled = TopicConfig(topic="orders", format="raw", schedule="@hourly")
+    assert scheduled.freshness_limit is None and alerts.breaches(scheduled, status, now=T0) == []
