@@ -10,7 +10,7 @@ never queries Kafka.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, TriggerRule, get_current_context, task
@@ -19,7 +19,7 @@ from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
 from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
-from cairn_airflow.assets import announce_dates, archive_schedule, topic_asset
+from cairn_airflow.assets import announce_dates, archive_schedule, archive_start, topic_asset
 from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.connections import kafka_conf, storage
@@ -48,7 +48,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         dag_display_name=f"{topic} · archive",
         description=f"Archive Kafka topic {topic} into {cfg.archive_root}",
         schedule=archive_schedule(cfg),
-        start_date=datetime(2024, 1, 1),
+        start_date=archive_start(cfg),
         catchup=False,
         max_active_runs=1,
         default_args={**DEFAULT_ARGS, "on_failure_callback": notifier()},

@@ -4,6 +4,8 @@ watched in the triggerer, which schedule the archive DAG of a `run_on: records` 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from airflow.sdk import (
     Asset,
     AssetOrTimeSchedule,
@@ -47,6 +49,13 @@ def archive_schedule(cfg: TopicConfig) -> str | AssetOrTimeSchedule | Asset:
         return waiting
     daily = CronTriggerTimetable(cfg.completion_schedule, timezone=cfg.timezone)
     return AssetOrTimeSchedule(timetable=daily, assets=waiting)
+
+
+def archive_start(cfg: TopicConfig) -> datetime | None:
+    """The archive DAG's start date: none for `run_on: records`, so a new topic waits for its
+    records (or its next completion time) instead of running the daily completion run at once
+    (Airflow runs a cron's latest past time at once when a start date is set)."""
+    return None if cfg.run_on == "records" else datetime(2024, 1, 1)
 
 
 def announce_dates(asset: Asset, done: dict) -> list[str]:

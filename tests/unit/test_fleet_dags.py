@@ -1,21 +1,24 @@
 """Many topics without a stampede, as the DAGs wire it: every Spark task takes one slot of the
-Spark pool and has a timeout, the archive DAG runs on its topic's spread schedule, and its Spark
-task is weighted by the lag its topic's last run left."""
+Spark pool and has a timeout, the archive DAG runs when its topic's records wait (or on its spread
+schedule), and its Spark task is weighted by the lag its topic's last run left."""
 
 from __future__ import annotations
 
 import runpy
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import DAG
+from airflow.timetables.base import TimeRestriction
+from airflow.timetables.trigger import CronTriggerTimetable
 
 from cairn.config import REPO, TopicConfig
 from cairn.dag_ids import dag_id
-from cairn.schedule import spread
+from cairn.schedule import completion_cron, spread
+from cairn.waiting import WaitRule
 from cairn_airflow import dag_topics, priority
 from cairn_airflow.operators.spark import SPARK_POOL
 from dags.cairn_archive import archive_dag
@@ -140,3 +143,20 @@ def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, kind):
     assert built() == {dag_id(kind, "fleet.t007")}
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "some_other_dag")
     assert built() == set()
+
+
+def test_a_topic_run_when_records_wait_is_watched_and_its_first_run_waits_for_them():
+    dag = archive_dag(parsing("orders.eu", max_delay="20s", lateness="2h"))
+    assert dag.start_date is None  # else Airflow runs the cron's latest past time at once
+    (watcher,) = dag.timetable.asset_condition.watchers
+    assert watcher.trigger.topic == "orders.eu"
+    assert watcher.trigger.rule == WaitRule(min_records=100_000, max_delay=20.0)
+    daily = dag.timetable.timetable
+    assert daily.expression == completion_cron("orders.eu", 120)
+    # What the scheduler makes of it: without a start date, the next completion time, not the
+    # latest past one.
+    first = CronTriggerTimetable(daily.expression, timezone="UTC").next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(earliest=dag.start_date, latest=None, catchup=False),
+    )
+    assert first.run_after > datetime.now(UTC)
