@@ -22,7 +22,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from confluent_kafka import KafkaException
 
 from cairn.kafka import cluster
-from cairn.kafka.connection import KafkaAccessDenied
+from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.waiting import Offsets, WaitRule, Watch
 from cairn_airflow.hooks.connections import KAFKA_CONN_ID, akafka_conf
 
@@ -33,6 +33,15 @@ POLL_SECONDS = 5.0
 
 _WATCHED: dict[Hashable, Counter[str]] = {}
 """Per shared poll, the topics its triggers watch (a topic may have more than one trigger)."""
+_KAFKA: list[KafkaConf] = []
+"""The Kafka connection, read once per triggerer process (not once per topic's trigger): a
+changed connection takes a triggerer restart, as the shared poll's client does."""
+
+
+async def _kafka() -> KafkaConf:
+    if not _KAFKA:
+        _KAFKA.append(await akafka_conf())
+    return _KAFKA[0]
 
 
 class Snapshot(NamedTuple):
@@ -67,7 +76,7 @@ class WaitingRecordsTrigger(BaseEventTrigger):
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Snapshot]:
         key = ("cairn.waiting_records", KAFKA_CONN_ID)
-        reader = cluster.OffsetsReader(await akafka_conf())
+        reader = cluster.OffsetsReader(await _kafka())
         while True:
             topics = {t for t, n in _WATCHED.get(key, Counter()).items() if n > 0}
             try:
@@ -86,7 +95,7 @@ class WaitingRecordsTrigger(BaseEventTrigger):
         watched = _WATCHED.setdefault(self.shared_stream_key(), Counter())
         watched[self.topic] += 1
         try:
-            kafka = await akafka_conf()
+            kafka = await _kafka()
             watch = Watch(self.rule)
             async for snapshot in shared_stream:
                 stable = snapshot.stable.get(self.topic)
