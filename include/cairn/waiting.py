@@ -64,8 +64,10 @@ class Watch:
     def needs_position(self, stable: Offsets, now: float) -> bool:
         """Whether the position must be read before `due` can answer: never read yet, a fired run
         not seen to commit yet, or a run looks due (its answer must not rest on a position a
-        commit may have moved)."""
-        return self.position is None or self.fired_at is not None or self._due(stable, now)
+        commit may have moved). A topic Kafka never held a record of needs none yet."""
+        if self.position is None:
+            return any(stable.values())
+        return self.fired_at is not None or self._due(stable, now)
 
     def saw_position(self, position: Offsets) -> None:
         """The consumer group's offsets, as just read."""

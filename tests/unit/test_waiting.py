@@ -17,9 +17,16 @@ RULE = WaitRule(min_records=100, max_delay=15.0)
 
 def watching(position: dict[int, int]) -> Watch:
     watch = Watch(RULE)
-    assert watch.needs_position({0: 0}, 0.0)  # never read yet
+    assert watch.needs_position({0: 1}, 0.0)  # never read yet
     watch.saw_position(position)
     return watch
+
+
+def test_an_empty_topic_asks_for_no_position_until_its_first_record():
+    watch = Watch(RULE)
+    assert not watch.needs_position({0: 0, 1: 0}, 0.0)
+    assert not watch.due({0: 0, 1: 0}, 0.0)
+    assert watch.needs_position({0: 1, 1: 0}, 5.0)
 
 
 def test_an_idle_topic_never_fires_and_asks_for_nothing_but_its_offsets():
