@@ -4,7 +4,7 @@ watched in the triggerer, which schedule the archive DAG of a `run_on: records` 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import (
     Asset,
@@ -47,14 +47,20 @@ def archive_schedule(cfg: TopicConfig) -> str | AssetOrTimeSchedule | Asset:
     waiting = waiting_asset(cfg)
     if cfg.completion_schedule is None:
         return waiting
-    daily = CronTriggerTimetable(cfg.completion_schedule, timezone=cfg.timezone)
+    # Never the latest past time at once, so a new topic waits for its records or its next
+    # completion time: run_immediately=False would run it if recent (Airflow 3.3 reads False
+    # like None); a zero buffer never does.
+    daily = CronTriggerTimetable(
+        cfg.completion_schedule, timezone=cfg.timezone, run_immediately=timedelta(0)
+    )
     return AssetOrTimeSchedule(timetable=daily, assets=waiting)
 
 
 def archive_start(cfg: TopicConfig) -> datetime | None:
     """The archive DAG's start date: none for `run_on: records`, so a new topic waits for its
     records (or its next completion time) instead of running the daily completion run at once
-    (Airflow runs a cron's latest past time at once when a start date is set)."""
+    (with a start date, Airflow runs a cron's latest past time at once whatever
+    `run_immediately` says)."""
     return None if cfg.run_on == "records" else datetime(2024, 1, 1)
 
 

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from cairn.kafka.cluster import OffsetsReader
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import run_record
+from cairn.pipeline.run_record import RunRecord
 from cairn.protocol import tokens
 from cairn.storage.objects import Storage
 from cairn_airflow.triggers.waiting_records import POLL_SECONDS
@@ -56,13 +57,16 @@ def asset_runs(airflow) -> list[dict]:
     return [r for r in airflow.runs(DAG_ID) if r["run_type"] == "asset_triggered"]
 
 
-def wait_for_tokens(storage: Storage, ends: dict[int, int], timeout: float) -> float:
-    """Seconds until the topic's committed tokens reach `ends`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
+def wait_for_tokens(storage: Storage, ends: dict[int, int], timeout: float) -> RunRecord:
+    """The run record of the commit that took the topic to `ends` (written just after the
+    token)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         committed = tokens.list_tokens(storage, E2E_WATCHED)
         if committed and committed[-1].next_offsets == ends:
-            return time.monotonic() - started
+            record = run_record.load(storage, E2E_WATCHED, committed[-1].seq)
+            if record is not None:
+                return record
         time.sleep(1)
     raise TimeoutError(f"{E2E_WATCHED} not archived to {ends} in {timeout}s")
 
@@ -83,7 +87,7 @@ def test_a_watched_topic_runs_only_when_records_wait_and_after_a_triggerer_resta
     sent = datetime.now(UTC)
     for p in range(2):
         produce(kafka, E2E_WATCHED, sample_events(10, NOW, seed=p), partition=p)
-    wait_for_tokens(storage, {0: 10, 1: 10}, timeout=600)
+    last = wait_for_tokens(storage, {0: 10, 1: 10}, timeout=600)
     (first,) = asset_runs(airflow)
     queued = datetime.fromisoformat(first["queued_at"])
     # Ten records, far below min_records: the firing waited for max_delay, and no longer.
@@ -95,7 +99,6 @@ def test_a_watched_topic_runs_only_when_records_wait_and_after_a_triggerer_resta
 
     # Its records waited at least max_delay (the oldest, from its Kafka timestamp to the commit),
     # and no longer than from before they were sent to the commit.
-    last = run_record.topic_status(storage, E2E_WATCHED).last
     (span,) = last.freshness
     assert span.records == 20
     assert WATCHED_DELAY <= span.high <= (last.committed_at - sent).total_seconds() + 1

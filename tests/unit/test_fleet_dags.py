@@ -8,6 +8,7 @@ import runpy
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 from airflow.plugins_manager import AirflowPlugin
@@ -151,12 +152,17 @@ def test_a_topic_run_when_records_wait_is_watched_and_its_first_run_waits_for_th
     (watcher,) = dag.timetable.asset_condition.watchers
     assert watcher.trigger.topic == "orders.eu"
     assert watcher.trigger.rule == WaitRule(min_records=100_000, max_delay=20.0)
+    assert dag.timetable.timetable.expression == completion_cron("orders.eu", 120)
+    # What the scheduler makes of it, for any time of day: the next completion time, never the
+    # latest past one (which, for a thousand new topics, would be a thousand runs at once).
     daily = dag.timetable.timetable
-    assert daily.expression == completion_cron("orders.eu", 120)
-    # What the scheduler makes of it: without a start date, the next completion time, not the
-    # latest past one.
-    first = CronTriggerTimetable(daily.expression, timezone="UTC").next_dagrun_info(
-        last_automated_data_interval=None,
-        restriction=TimeRestriction(earliest=dag.start_date, latest=None, catchup=False),
+    scheduled = CronTriggerTimetable(
+        daily.expression, timezone=daily.timezone, run_immediately=daily.run_immediately
     )
-    assert first.run_after > datetime.now(UTC)
+    restriction = TimeRestriction(earliest=dag.start_date, latest=None, catchup=dag.catchup)
+    for now in (datetime(2026, 11, 28, h, m, tzinfo=UTC) for h in range(24) for m in (0, 30)):
+        with mock.patch("airflow.timetables.trigger.utcnow", return_value=now):
+            first = scheduled.next_dagrun_info(
+                last_automated_data_interval=None, restriction=restriction
+            )
+        assert first.run_after > now
