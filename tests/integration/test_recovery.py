@@ -9,6 +9,8 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cairn.cli import main as cli
+from cairn.kafka import cluster
+from cairn.kafka.connection import KafkaConf
 from cairn.protocol import commit, manifest, tokens
 from cairn.protocol.plan import RetentionGap, TopicRecreated
 from cairn_stack.demo import create_topic, produce
@@ -98,10 +100,17 @@ def test_cli_lists_and_rewinds_tokens(
 
     args = ["--topics-file", topics, "tokens", "rewind", topic_name, "--bootstrap-servers", kafka]
     assert cli([*args, "--count", "1"]) == 0
+    assert "consumer group cairn." in capsys.readouterr().out
     storage = archiver.storage(archived_twice)
     assert [t.seq for t in tokens.list_tokens(storage, topic_name)] == [1]
+    # The group follows the tokens back: the triggerer of a run_on: records topic sees the
+    # rewound records waiting, as lag tools do.
+    conf = KafkaConf({"bootstrap.servers": kafka}, "test")
+    group = archived_twice.group_id
+    assert cluster.group_offsets(conf, group, topic_name, [0]) == {0: 5}
     summary = archiver.run(archived_twice)
     assert summary.ranges == {0: (5, 20)}
+    assert cluster.group_offsets(conf, group, topic_name, [0]) == {0: 20}
     assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(20)]
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from cairn.cli.common import FOUND_PROBLEM, OK, add_kafka_args, kafka_for, storage_for
 from cairn.config import TopicConfig
 from cairn.kafka import cluster
-from cairn.protocol import rewind, tokens
+from cairn.protocol import commit, rewind, tokens
 
 
 def add_parsers(groups: argparse._SubParsersAction) -> None:
@@ -57,10 +57,12 @@ def list_tokens(cfg: TopicConfig) -> int:
 
 
 def rewind_tokens(cfg: TopicConfig, args: argparse.Namespace) -> int:
-    state = cluster.fetch_topic(kafka_for(args, "rewind"), cfg.topic_name)
+    kafka = kafka_for(args, "rewind")
+    state = cluster.fetch_topic(kafka, cfg.topic_name)
+    storage = storage_for(cfg)
     try:
         deleted = rewind.rewind(
-            storage_for(cfg),
+            storage,
             cfg,
             state,
             count=args.count,
@@ -73,4 +75,10 @@ def rewind_tokens(cfg: TopicConfig, args: argparse.Namespace) -> int:
     for key in deleted:
         print(f"deleted {key}")
     print(f"topic {cfg.topic}: the next run re-reads from the newest remaining token")
+    newest = commit.newest(storage, cfg.topic_name)
+    if cfg.commit_consumer_group and newest is not None:
+        # The group follows the tokens back, so lag tools and the triggerer of a run_on: records
+        # topic see the rewound records waiting (the archive's commits never move it back).
+        cluster.commit_group_offsets(kafka, cfg.group_id, cfg.topic_name, newest.next_offsets)
+        print(f"consumer group {cfg.group_id} moved back to {dict(newest.next_offsets)}")
     return OK
