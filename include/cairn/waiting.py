@@ -60,17 +60,24 @@ class Watch:
     fired_at: float | None = None
     fired_from: Offsets | None = field(default=None)
     """The position the last firing saw: the firing is answered once the position moves."""
+    read_at: float | None = None
+    """When the position was last read."""
 
     def needs_position(self, stable: Offsets, now: float) -> bool:
         """Whether the position must be read before `due` can answer: never read yet, a fired run
-        not seen to commit yet, or a run looks due (its answer must not rest on a position a
-        commit may have moved). A topic Kafka never held a record of needs none yet."""
+        not seen to commit yet (once per `max_delay`: what waits after its commit counts from
+        the firing, so no firing can be due sooner), or a run looks due (its answer must not
+        rest on a position a commit may have moved). A topic Kafka never held a record of needs
+        none yet."""
         if self.position is None:
             return any(stable.values())
-        return self.fired_at is not None or self._due(stable, now)
+        if self.fired_at is not None:
+            return now - (self.read_at or self.fired_at) >= self.rule.max_delay
+        return self._due(stable, now)
 
-    def saw_position(self, position: Offsets) -> None:
-        """The consumer group's offsets, as just read."""
+    def saw_position(self, position: Offsets, now: float) -> None:
+        """The consumer group's offsets, as just read at `now`."""
+        self.read_at = now
         if self.fired_from is not None and position != self.fired_from:
             # The fired run committed: what waits now arrived after its plan, so after the firing.
             self.since = self.fired_at

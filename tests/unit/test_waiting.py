@@ -18,7 +18,7 @@ RULE = WaitRule(min_records=100, max_delay=15.0)
 def watching(position: dict[int, int]) -> Watch:
     watch = Watch(RULE)
     assert watch.needs_position({0: 1}, 0.0)  # never read yet
-    watch.saw_position(position)
+    watch.saw_position(position, 0.0)
     return watch
 
 
@@ -41,7 +41,7 @@ def test_a_few_records_fire_once_the_oldest_has_waited_max_delay():
     assert not watch.due({0: 52}, 100.0)  # first seen at 100
     assert not watch.due({0: 53}, 114.0)
     assert watch.needs_position({0: 53}, 115.0)  # due: the position is read again first
-    watch.saw_position({0: 50})
+    watch.saw_position({0: 50}, 115.0)
     assert watch.due({0: 53}, 115.0)
 
 
@@ -53,13 +53,16 @@ def test_enough_records_fire_at_once():
 def test_a_firing_is_not_repeated_until_its_run_commits_then_the_next_counts_from_the_firing():
     watch = watching({0: 0})
     assert watch.due({0: 500}, 10.0)
-    for second in (15.0, 30.0, 60.0):  # the run is on its way: no second firing
-        assert watch.needs_position({0: 900}, second)  # watching for its commit
-        watch.saw_position({0: 0})
+    for second in (15.0, 20.0):  # the run is on its way: its commit is looked for once per
+        assert not watch.needs_position({0: 900}, second)  # max_delay, the soonest a firing
+        assert not watch.due({0: 900}, second)  # could be due again
+    for second in (25.0, 40.0, 55.0):
+        assert watch.needs_position({0: 900}, second)
+        watch.saw_position({0: 0}, second)
+        assert not watch.needs_position({0: 900}, second + 14.0)
         assert not watch.due({0: 900}, second)
-    watch.saw_position({0: 500})  # committed; 400 arrived after the plan
-    assert not watch.due({0: 520}, 20.0)
-    assert watch.due({0: 520}, 25.0)  # 15 s after the firing, not after the commit was seen
+    watch.saw_position({0: 500}, 70.0)  # committed; 400 arrived after the plan
+    assert watch.due({0: 520}, 70.0)  # they have waited since the firing, 60 s ago
 
 
 def test_a_run_that_never_commits_is_fired_again():
@@ -73,7 +76,8 @@ def test_a_run_that_never_commits_is_fired_again():
 def test_a_run_that_commits_exactly_up_to_kafkas_end_leaves_the_topic_idle():
     watch = watching({0: 0})
     assert watch.due({0: 500}, 0.0)
-    watch.saw_position({0: 500})
+    assert watch.needs_position({0: 500}, 15.0)
+    watch.saw_position({0: 500}, 15.0)
     assert not watch.needs_position({0: 500}, 100.0)
     assert not watch.due({0: 500}, 100.0)
 

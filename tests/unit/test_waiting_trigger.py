@@ -52,11 +52,13 @@ def test_the_filter_fires_by_the_rule_and_a_silent_group_skips_a_poll(monkeypatc
         yield Snapshot(5.0, {"other": {0: 9}})  # the topic did not answer this poll
         yield Snapshot(15.0, {"orders": {0: 5}})  # due, but the group does not answer
         yield Snapshot(20.0, {"orders": {0: 5}})  # due, position read again: fire
-        yield Snapshot(25.0, {"orders": {0: 5}})  # the run committed up to 5: idle
+        yield Snapshot(25.0, {"orders": {0: 5}})  # its run's commit not looked for yet
+        yield Snapshot(35.0, {"orders": {0: 5}})  # a max_delay on: committed up to 5, idle
 
     async def collect():
         return [e.payload async for e in trigger.filter_shared_stream(stream())]
 
     (fired,) = asyncio.run(collect())
+    assert next(reads, None) is None  # every read the rule asked for was made
     assert fired["topic"] == "orders" and fired["waiting"] == {"0": 5}
     assert watched["orders"] == 0

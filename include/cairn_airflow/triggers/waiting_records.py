@@ -109,7 +109,7 @@ class WaitingRecordsTrigger(BaseEventTrigger):
                     except KafkaException as err:
                         log.warning("%s: cannot read group %s: %s", self.topic, self.group, err)
                         continue
-                    watch.saw_position(position)
+                    watch.saw_position(position, snapshot.at)
                 if watch.due(stable, snapshot.at):
                     yield TriggerEvent(self._event(stable, watch.position or {}))
         finally:
