@@ -33,8 +33,11 @@ class WaitRule:
     @property
     def refire_after(self) -> float:
         """Seconds after a firing whose run has not moved the position before firing again: the
-        run may have failed, or its event been lost with a triggerer."""
-        return max(3 * self.max_delay, 300.0)
+        run may have failed, or its event been lost with a triggerer. Long, as a run waiting
+        for a Spark slot in a burst is no lost one, and a second firing only queues a run that
+        finds nothing new (a 100-topic burst whose runs waited 5 to 20 minutes queued one for
+        every topic at 5 minutes)."""
+        return max(3 * self.max_delay, 1800.0)
 
 
 def waiting_records(stable: Offsets, position: Offsets) -> int:
