@@ -11,6 +11,7 @@ from confluent_kafka.admin import AdminClient
 from cairn.cli import main as cli
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
+from cairn.pipeline import run_record
 from cairn.protocol import commit, manifest, tokens
 from cairn.protocol.plan import RetentionGap, TopicRecreated
 from cairn_stack.demo import create_topic, produce
@@ -108,8 +109,11 @@ def test_cli_lists_and_rewinds_tokens(
     conf = KafkaConf({"bootstrap.servers": kafka}, "test")
     group = archived_twice.group_id
     assert cluster.group_offsets(conf, group, topic_name, [0]) == {0: 5}
+    (first_read,) = run_record.load(storage, topic_name, 2).freshness[-1:]
+    assert first_read.records == 15  # a first read counts for freshness...
     summary = archiver.run(archived_twice)
     assert summary.ranges == {0: (5, 20)}
+    assert summary.freshness == []  # ... a re-read does not: its wait is the rewind's
     assert cluster.group_offsets(conf, group, topic_name, [0]) == {0: 20}
     assert coords(read_archive(storage, topic_name).backup) == [(0, o) for o in range(20)]
 

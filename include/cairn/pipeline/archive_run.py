@@ -351,7 +351,10 @@ def _freshness(
     planned: Planned, token: tokens.Token, report: manifest.VerifyReport, kafka: KafkaConf
 ) -> freshness.Span | None:
     """How long the run's records waited (`cairn.pipeline.freshness`), from the Kafka timestamps
-    of the first and last record it read per partition; None if Kafka did not say."""
+    of the first and last record it read per partition; None if Kafka did not say, or if the
+    run reads rewound records again (their wait is the rewind's, not the archive's)."""
+    if planned.replaces:
+        return None
     read = {p: c.read for p, c in report.partitions.items()}
     ranges = {p: r for p, r in planned.plan.to_read.items() if read.get(p)}
     try:
