@@ -124,12 +124,14 @@ def test_overview_in_chromium(airflow, archived, tmp_path) -> None:
             f"[...document.querySelector('tr[data-topic=\"{E2E_OVERVIEW}\"]').cells]"
             ".map(c => c.innerText.trim())"
         )
-        topic, position_cell, archived_cell, offset_lag, _time_lag, last_run = cells[:6]
+        topic, position_cell, archived_cell, offset_lag, _time_lag, fresh, last_run = cells[:7]
         assert topic == E2E_OVERVIEW
         assert position_cell.split()[0] == f"{position:,}" and "2 partitions" in position_cell
         assert archived_cell == f"{position:,}"
         assert offset_lag == "0" and last_run.startswith("success")
-        quarantined = cells[7].split()
+        # p50 / p95 of how long its records waited; a run_on: schedule topic has no limit
+        assert re.fullmatch(r"\S+ / \S+", fresh), fresh
+        quarantined = cells[8].split()
         assert quarantined[0] == str(BAD) and quarantined[1] == f"{BAD / position:.2%}"
         assert "archive DAG" in cells[-1] and "rebuild DAG" in cells[-1]
         trend = f"document.querySelectorAll('tr[data-topic=\"{E2E_OVERVIEW}\"] svg.spark').length"
