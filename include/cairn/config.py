@@ -182,7 +182,7 @@ class TopicConfig(BaseModel):
     """Alert when the oldest record not yet archived is older than this (30m, 2h, 1d, seconds)."""
     max_freshness: timedelta | None = None
     """Alert when the p95 of how long records waited from Kafka to the archive over the last
-    hour is past this; null: 3 x max_delay (at least 5m) for run_on records, none for schedule."""
+    hour is past this; null: 3 x max_delay (at least 15m) for run_on records, none for schedule."""
     max_quarantine_ratio: float = Field(default=0.01, ge=0, le=1)
     """Alert when more than this share of the recent runs' records went to quarantine."""
     max_run_duration: timedelta = timedelta(hours=1)
@@ -420,7 +420,7 @@ class TopicConfig(BaseModel):
         """The p95 freshness past which the topic alerts (`max_freshness`), or None."""
         if self.max_freshness is not None or self.run_on == "schedule":
             return self.max_freshness
-        return max(3 * self.max_delay, timedelta(minutes=5))
+        return max(3 * self.max_delay, timedelta(minutes=15))
 
     @property
     def completion_schedule(self) -> str | None:

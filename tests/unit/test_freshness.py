@@ -86,23 +86,26 @@ def test_each_run_record_carries_the_hour_of_spans_before_it():
 
 
 def test_metrics_and_alerts_read_freshness_from_the_newest_record():
-    cfg = TopicConfig(topic="orders", format="raw", max_delay="30s")
-    slow = record(1, T0, Span(committed_at=T0, records=100, low=200.0, high=400.0))
+    cfg = TopicConfig(topic="orders", format="raw", max_delay="10m")
+    slow = record(1, T0, Span(committed_at=T0, records=100, low=200.0, high=4000.0))
     status = TopicStatus(topic="orders", last=slow, quarantine_ratio=None, recent=[slow])
 
     served = {s.name: s.value for s in metrics.samples(status, now=T0)}
-    assert served[metrics.FRESHNESS_P50] == pytest.approx(300.0)
-    assert served[metrics.FRESHNESS_P95] == pytest.approx(390.0)
+    assert served[metrics.FRESHNESS_P50] == pytest.approx(2100.0)
+    assert served[metrics.FRESHNESS_P95] == pytest.approx(3810.0)
     assert metrics.FRESHNESS_P95 not in {
         s.name for s in metrics.samples(status, now=T0 + timedelta(hours=2))
     }
 
-    assert cfg.freshness_limit == timedelta(minutes=5)  # 3 x max_delay, at least 5 minutes
+    assert cfg.freshness_limit == timedelta(minutes=30)  # 3 x max_delay, at least 15 minutes
+    assert TopicConfig(topic="o", format="raw", max_delay="15s").freshness_limit == timedelta(
+        minutes=15
+    )
     (breach,) = alerts.breaches(cfg, status, now=T0)
-    assert breach.setting == "max_freshness" and breach.value == pytest.approx(390.0)
+    assert breach.setting == "max_freshness" and breach.value == pytest.approx(3810.0)
     assert (
         alerts.breaches(
-            cfg.model_copy(update={"max_freshness": timedelta(minutes=7)}), status, now=T0
+            cfg.model_copy(update={"max_freshness": timedelta(minutes=70)}), status, now=T0
         )
         == []
     )
