@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 5.0
 """How often the shared poll asks Kafka for the watched topics' offsets."""
 
+STREAM_KEY = ("cairn.waiting_records", KAFKA_CONN_ID)
+"""The one shared poll every watched topic of a triggerer process joins."""
 _WATCHED: dict[Hashable, Counter[str]] = {}
 """Per shared poll, the topics its triggers watch (a topic may have more than one trigger)."""
 _KAFKA: list[KafkaConf] = []
@@ -71,14 +73,13 @@ class WaitingRecordsTrigger(BaseEventTrigger):
         )
 
     def shared_stream_key(self) -> Hashable:
-        return ("cairn.waiting_records", KAFKA_CONN_ID)
+        return STREAM_KEY
 
     @classmethod
     async def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Snapshot]:
-        key = ("cairn.waiting_records", KAFKA_CONN_ID)
         reader = cluster.OffsetsReader(await _kafka())
         while True:
-            topics = {t for t, n in _WATCHED.get(key, Counter()).items() if n > 0}
+            topics = {t for t, n in _WATCHED.get(STREAM_KEY, Counter()).items() if n > 0}
             try:
                 stable = await asyncio.to_thread(reader.stable_offsets, topics)
             except KafkaAccessDenied:
