@@ -16,17 +16,19 @@ from __future__ import annotations
 import re
 import secrets
 import string
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import lit
 
 from cairn.config import TopicConfig
 from cairn.datafiles import fastpath
 from cairn.datafiles.writer import PartitionResult, write_partition
 from cairn.jobs import ArchiveInput
-from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
+from cairn.kafka.connection import KafkaAccessDenied
 from cairn.pipeline.archive_run import Planned, load_claimed, save_attempt
 from cairn.protocol import manifest
 from cairn.protocol.plan import kafka_assign_json, kafka_json_offsets
@@ -67,33 +69,100 @@ def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
 REFUSED = re.compile(r"\b(\w*(?:AuthenticationException|SSLHandshakeException): [^\n]*)")
 
 
-def archive(
-    spark: SparkSession,
-    planned: Planned,
-    cfg: TopicConfig,
-    kafka: KafkaConf,
-    options: dict[str, Any],
-    registries: dict[str, dict[str, Any]] | None = None,
-    artifact: str | None = None,
-) -> manifest.Manifest:
-    """Read the planned ranges, stage every record, and save the attempt manifest.
+@dataclass(frozen=True)
+class Part:
+    """One topic's run in an archive job: its entry, its archive root and its plan."""
 
-    Checks the claim first: a fenced-out attempt starts no Spark work. The processing time is
-    the plan's, so a retried or duplicated job of the same attempt writes the same bytes.
-    `registries`: Schema Registry client configurations (avro topics); `artifact`: the code
-    artifact the executors must import Cairn from (`spark_jobs.executors`).
+    job: ArchiveInput
+    cfg: TopicConfig
+    storage: Storage
+    planned: Planned
+
+
+Outcome = manifest.Manifest | Exception
+"""What a job did for one run: its attempt manifest, or why that run got none."""
+
+
+def archive(
+    spark: SparkSession, jobs: Sequence[ArchiveInput], tag: str | None = None
+) -> list[Outcome]:
+    """Read the planned ranges of every run in `jobs` in one Spark job, stage every record, and
+    save each run's attempt manifest; one outcome per run, in order.
+
+    Each run is checked first: a fenced-out attempt (or an unreadable claim) gets its error as
+    its outcome and starts no Spark work, and the others go on. A failure of the Spark job
+    itself is raised: which run caused it is not known. The processing time is each plan's, so
+    a retried or duplicated job of the same attempt writes the same bytes. `tag`: the job's
+    tag on its session, recorded in each manifest (`SparkJob`).
     """
-    storage = Storage(cfg.root.storage_url, **options)
-    planned.check_live(storage)
     for key, value in ARROW_CONF.items():
         spark.conf.set(key, value)
-    staged_url = planned.staged(storage).url
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    parts: dict[int, Part] = {}
+    for i, job in enumerate(jobs):
+        try:
+            parts[i] = _part(job)
+        except Exception as err:
+            outcomes[i] = err
+    rows = _collect(spark, parts) if parts else []
+    results: dict[int, list[PartitionResult]] = {i: [] for i in parts}
+    for row in rows:
+        results[row.part].append(PartitionResult.model_validate_json(row.result))
+    staged_by = manifest.SparkJob(tag=tag, topics=len(parts)) if tag else None
+    for i, part in parts.items():
+        try:
+            outcomes[i] = save_attempt(part.cfg, part.storage, part.planned, results[i], staged_by)
+        except Exception as err:  # e.g. fenced out while the job ran: this run alone
+            outcomes[i] = err
+    return [o for o in outcomes if o is not None]
+
+
+def _part(job: ArchiveInput) -> Part:
+    cfg = job.topic.topic()
+    storage = Storage(cfg.root.storage_url, **job.storage_options)
+    planned = load_claimed(storage, job.claim)
+    planned.check_live(storage)
+    return Part(job, cfg, storage, planned)
+
+
+def _collect(spark: SparkSession, parts: dict[int, Part]) -> list[Any]:
+    """One Spark job over every part's ranges: a union of each part's staging, each row one
+    Kafka partition's `PartitionResult` tagged with its part."""
+    frames = [
+        _staging(spark, i, part).select(lit(i).alias("part"), "result") for i, part in parts.items()
+    ]
+    kafka = next(iter(parts.values())).job.kafka_conf()
+    try:
+        with translated():
+            return _union(frames).collect()
+    except Exception as err:
+        causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
+        if not causes:
+            raise
+        raise KafkaAccessDenied(
+            f"{kafka.describe()}: Spark's Kafka client was refused: {'; caused by '.join(causes)}"
+        ) from None
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    """A balanced union: the plan's depth grows as log(parts), not as parts (Spark Connect
+    refuses plans nested too deeply)."""
+    if len(frames) == 1:
+        return frames[0]
+    half = len(frames) // 2
+    return _union(frames[:half]).unionAll(_union(frames[half:]))
+
+
+def _staging(spark: SparkSession, index: int, part: Part) -> DataFrame:
+    """Part `index`'s records, read and staged in the attempt's staging area by its writers."""
+    job, cfg, planned = part.job, part.cfg, part.planned
+    options, registries = job.storage_options, job.registries
+    staged_url = planned.staged(part.storage).url
     processing_time, attempt_id = planned.planned_at, planned.attempt_id
-    registries = registries or {}
     starting, ending = kafka_json_offsets(planned.topic, planned.plan)
     source = (
         spark.read.format("kafka")
-        .options(**kafka.spark_options(), **FETCH_OPTIONS)
+        .options(**job.kafka_conf().spark_options(), **FETCH_OPTIONS)
         .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
         .option("assign", kafka_assign_json(planned.topic, planned.plan))
         .option("startingOffsets", starting)
@@ -102,7 +171,6 @@ def archive(
         .option("includeHeaders", "true")
         .load()
     )
-
     gap = fastpath.gap(cfg)
     if gap is not None and cfg.parses:
         print(f"{planned.topic}: values are parsed in Python, not in Spark: {gap}")
@@ -114,28 +182,15 @@ def archive(
         )
         yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
 
-    wanted = requirements(artifact)
-    try:
-        with translated():
-            rows = encoded(source, cfg).mapInArrow(guarded(write, wanted), "result string")
-            rows = rows.collect()
-    except Exception as err:
-        causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
-        if not causes:
-            raise
-        raise KafkaAccessDenied(
-            f"{kafka.describe()}: Spark's Kafka client was refused: {'; caused by '.join(causes)}"
-        ) from None
-    results = [PartitionResult.model_validate_json(row.result) for row in rows]
-    return save_attempt(cfg, storage, planned, results)
+    return encoded(source, cfg).mapInArrow(
+        guarded(write, requirements(job.artifact)), "result string"
+    )
 
 
 def run(spark: SparkSession, job: ArchiveInput) -> str:
     """The job on a session (`spark_jobs.main`). Returns a one-line summary."""
-    cfg = job.topic.topic()
-    planned = load_claimed(Storage(cfg.root.storage_url, **job.storage_options), job.claim)
-    attempt = archive(
-        spark, planned, cfg, job.kafka_conf(), job.storage_options, job.registries, job.artifact
-    )
-    read = sum(attempt.records_read.values())
-    return f"wrote {len(attempt.files)} files for {read} records; manifest {planned.manifest_key}"
+    (outcome,) = archive(spark, [job])
+    if isinstance(outcome, Exception):
+        raise outcome
+    read = sum(outcome.records_read.values())
+    return f"wrote {len(outcome.files)} files for {read} records; attempt {outcome.attempt_id}"

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from cairn.errors import permanent_exit
-from cairn.jobs import JobInput, check_shared, from_env
+from cairn.jobs import ArchiveInput, JobInput, LocalStorageOnCluster, check_shared, from_env
 from spark_jobs import archive, rebuild, seal
 
 JOBS: dict[str, Callable[[SparkSession, Any], str]] = {
@@ -34,6 +34,24 @@ def run(spark: SparkSession, job: JobInput) -> str:
     """Run `job` on `spark`; returns the job's one-line summary."""
     check_shared(spark.conf.get("spark.master"), job.locations())
     return JOBS[job.job](spark, job)
+
+
+def run_archives(
+    spark: SparkSession, jobs: Sequence[ArchiveInput], tag: str
+) -> list[archive.Outcome]:
+    """Archive runs staged by one shared Spark job tagged `tag`; one outcome per run, in order
+    (`spark_jobs.archive.archive`). A run refused by `check_shared` is refused alone."""
+    master = spark.conf.get("spark.master")
+    outcomes: dict[int, archive.Outcome] = {}
+    for i, job in enumerate(jobs):
+        try:
+            check_shared(master, job.locations())
+        except LocalStorageOnCluster as err:
+            outcomes[i] = err
+    go = [i for i in range(len(jobs)) if i not in outcomes]
+    if go:
+        outcomes.update(zip(go, archive.archive(spark, [jobs[i] for i in go], tag), strict=True))
+    return [outcomes[i] for i in range(len(jobs))]
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import fastavro
 import pytest
 
 from cairn.config import INCLUDE_DIR, TopicConfig
+from cairn.jobs import ArchiveInput
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run, rebuild, run_record
@@ -25,7 +26,7 @@ from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
 from cairn_stack import services
 from cairn_stack.settings import StackSettings
-from spark_jobs.archive import archive
+from spark_jobs.archive import Outcome, archive
 from spark_jobs.rebuild import rebuild as rebuild_job
 
 DEMO_SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
@@ -82,7 +83,31 @@ class Archiver:
         """Clean, then the Spark job (skipped, as the operator skips it, for an empty plan)."""
         archive_run.clean_run(self.storage(cfg), planned)
         if not planned.plan.empty:
-            archive(self.spark, planned, cfg, self.kafka, self.options, self.registries)
+            self.archive(cfg, planned)
+
+    def archive(self, cfg: TopicConfig, planned: archive_run.Planned) -> None:
+        """The Spark job of `planned` alone, raising why it staged nothing."""
+        (outcome,) = self.stage((cfg, planned))
+        if isinstance(outcome, Exception):
+            raise outcome
+
+    def job(self, cfg: TopicConfig, planned: archive_run.Planned) -> ArchiveInput:
+        """The archive job's input for `planned`, as the operator makes it."""
+        assert isinstance(self.kafka, KafkaConf)
+        return ArchiveInput(
+            topic=cfg.snapshot(),
+            claim=planned.claim.key,
+            storage_options=self.options,
+            kafka=self.kafka.settings,
+            kafka_label=self.kafka.label,
+            registries=self.registries,
+        )
+
+    def stage(
+        self, *runs: tuple[TopicConfig, archive_run.Planned], tag: str | None = None
+    ) -> list[Outcome]:
+        """One Spark archive job staging every run of `runs` (a shared job if more than one)."""
+        return archive(self.spark, [self.job(cfg, planned) for cfg, planned in runs], tag)
 
     def finish(self, cfg: TopicConfig, planned: archive_run.Planned) -> run_record.RunRecord:
         report = archive_run.verify_run(self.storage(cfg), planned)

@@ -51,7 +51,6 @@ from cairn.table.catalog import TableTarget
 from cairn.table.iceberg import IcebergCatalog
 from cairn_stack import services
 from cairn_stack.demo import create_topic
-from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
 from spark_jobs.seal import seal as seal_job
 from tests.integration.conftest import Archiver
@@ -88,6 +87,7 @@ OPS = {
     "crash_after_verify": 4,
     "crash_mid_publish": 5,
     "interleave": 8,
+    "shared": 6,
     "interrupted_run": 16,
     "rewind": 4,
     "cli_rewind": 3,
@@ -368,6 +368,33 @@ class Scenario:
                 del attempts[name]
         return "interleave " + " ".join(trace)
 
+    def shared(self) -> str:
+        """Two attempts planned one after the other, staged by one shared Spark job (the first
+        fenced out by the second), then verified and committed in random order: a fenced
+        attempt's outcome is its error, the live one's its manifest, and only it commits."""
+        runs = []
+        for _ in range(2):
+            planned = self.archiver.plan(self.cfg)
+            if planned is not None and not planned.plan.empty:
+                archive_run.clean_run(self.storage, planned)
+                runs.append(planned)
+        if not runs:
+            return "shared: nothing to read"
+        self.rng.shuffle(runs)
+        trace = []
+        outcomes = self.archiver.stage(*((self.cfg, p) for p in runs), tag="fault")
+        for planned, outcome in zip(runs, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                assert isinstance(outcome, ABANDONED), outcome
+                trace.append(f"{planned.attempt_id} {type(outcome).__name__}")
+                continue
+            try:
+                self.archiver.finish(self.cfg, planned)
+                trace.append(f"{planned.attempt_id} committed")
+            except ABANDONED as err:
+                trace.append(f"{planned.attempt_id} {type(err).__name__}")
+        return "shared " + ", ".join(trace)
+
     def _attempt(self, name: str) -> Iterator[str]:
         planned = self.archiver.plan(self.cfg)
         yield "plan" if planned else "plan-nothing"
@@ -377,8 +404,7 @@ class Scenario:
             archive_run.clean_run(self.storage, planned)
             yield "clean"
             if not planned.plan.empty:
-                archiver = self.archiver
-                archive(archiver.spark, planned, self.cfg, archiver.kafka, archiver.options)
+                self.archiver.archive(self.cfg, planned)
             yield "spark"
             report = archive_run.verify_run(self.storage, planned)
             yield "verify"
@@ -424,8 +450,7 @@ class Scenario:
 
     def _spark(self, planned: archive_run.Planned) -> None:
         if not planned.plan.empty:
-            archiver = self.archiver
-            archive(archiver.spark, planned, self.cfg, archiver.kafka, archiver.options)
+            self.archiver.archive(self.cfg, planned)
 
     def _commit(
         self, hooked: Hooked, planned: archive_run.Planned, report, at: str, what: str

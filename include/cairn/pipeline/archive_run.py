@@ -164,7 +164,11 @@ def plan_run(
 
 
 def save_attempt(
-    cfg: TopicConfig, storage: Storage, planned: Planned, results: list[PartitionResult]
+    cfg: TopicConfig,
+    storage: Storage,
+    planned: Planned,
+    results: list[PartitionResult],
+    spark_job: manifest.SparkJob | None = None,
 ) -> manifest.Manifest:
     """The attempt manifest of what the writers staged (the Spark job's last step), staged with
     them only while the claim is live (`Attempts.save`)."""
@@ -180,6 +184,7 @@ def save_attempt(
         created_at=datetime.now(UTC),
         gaps=planned.plan.gaps,
         parses=cfg.parses,
+        spark_job=spark_job,
     )
     ARCHIVE.save(storage, planned, attempt)
     return attempt
@@ -344,6 +349,7 @@ def _run_record(
         partition_time_lag_seconds=partition_lag,
         partition_counts=report.partitions,
         freshness=[span] if span else [],
+        spark_job=report.spark_job,
     )
 
 

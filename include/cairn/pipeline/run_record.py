@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from cairn.pipeline.freshness import Span, window
+from cairn.protocol.manifest import SparkJob
 from cairn.protocol.tokens import Counts, Gap
 from cairn.storage.layout import status_folder, status_key
 from cairn.storage.objects import Storage
@@ -70,6 +71,8 @@ class RunRecord(BaseModel):
     freshness: list[Span] = Field(default_factory=list)
     """How long this run's records waited from Kafka to the commit, after the spans of the
     runs committed in the hour before it (`cairn.pipeline.freshness`)."""
+    spark_job: SparkJob | None = None
+    """The Spark job that staged the run's records (None: it read none, or no job said)."""
 
     @model_validator(mode="before")
     @classmethod

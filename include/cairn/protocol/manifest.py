@@ -30,6 +30,14 @@ class CorruptManifest(PermanentError):
     """A manifest object is unreadable."""
 
 
+class SparkJob(BaseModel):
+    """The Spark job that staged an attempt: the runs of one shared job have the same `tag`."""
+
+    tag: str
+    topics: PositiveInt
+    """How many topics' runs the job staged."""
+
+
 class Manifest(Versioned):
     """`ranges` are the planned `[start, end)`; `records_read` is what Spark got from Kafka."""
 
@@ -47,11 +55,13 @@ class Manifest(Versioned):
     """Offsets lost to retention that this attempt skipped (accept_gaps)."""
     parses: bool = True
     """False for raw topics: backup only, nothing partitioned or quarantined."""
+    spark_job: SparkJob | None = None
 
 
 class VerifyReport(BaseModel):
     counts: Counts
     partitions: dict[int, Counts]
+    spark_job: SparkJob | None = None
 
 
 def load(storage: Storage, key: str) -> Manifest:
@@ -171,4 +181,4 @@ def _report(manifest: Manifest) -> VerifyReport:
             for field in Counts.model_fields
         }
     )
-    return VerifyReport(counts=total, partitions=partitions)
+    return VerifyReport(counts=total, partitions=partitions, spark_job=manifest.spark_job)
