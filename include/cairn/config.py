@@ -197,6 +197,10 @@ class TopicConfig(BaseModel):
     spark_connection: str | None = None
     """The Airflow connection of the Spark that runs this topic's jobs (spark_connect or spark);
     null: the deployment's, CAIRN_SPARK_CONN_ID (cairn_spark)."""
+    share_spark_job: bool = True
+    """On a spark_connect connection, archive runs ready at about the same moment share one
+    Spark job, each keeping its own run, attempt and token (a retried run gets a job of its
+    own); false: every run of this topic gets a job of its own."""
     lateness: timedelta | None = timedelta(hours=1)
     """How long after a date ends (Kafka time) its records may still arrive; then the date is
     complete (_SUCCESS, the asset event cairn.<topic>). null: no completeness."""

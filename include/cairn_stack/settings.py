@@ -75,6 +75,9 @@ class StackSettings(BaseSettings):
     """Seconds Airflow's scheduler sleeps after a loop that found nothing to do (its default is
     1). Each task of a run waits up to that long to be scheduled after the one before it; at 0.2
     a one-record run commits about 1.6 s sooner, for ~5% more of one core while idle."""
+    shared_job_gather_seconds: PositiveFloat = 2.0
+    """How long a shared archive job waits, after its first run arrives, for others to share it
+    (`cairn_airflow.triggers.shared_archive`; Airflow's `[cairn] shared_job_gather_seconds`)."""
     airflow_dags_paused: bool = False
     """New DAGs start paused. The test stack sets it, so that no scheduled run starts before a
     test has created its topic (a run on a missing topic fails and retries for minutes)."""

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from cairn.config import TopicConfig
 from cairn.jobs import ArchiveInput, from_env
@@ -30,6 +30,7 @@ from cairn_airflow.hooks.connections import schema_registries
 from cairn_airflow.hooks.spark_connect import Connected, session_id
 from cairn_airflow.operators import spark as spark_operator
 from cairn_airflow.spark_artifact import code_artifact
+from cairn_airflow.triggers.shared_archive import SharedArchiveTrigger
 from tests.unit.conftest import claim_next
 
 
@@ -186,6 +187,43 @@ def spark_op(monkeypatch, storage, tmp_path):
 
 
 CONNECT = {"conn_type": "spark_connect", "host": "sc://spark.example", "port": 15002}
+RETRIED = {"ti": SimpleNamespace(try_number=2)}
+"""A retried task's context: its archive job is its own, never shared."""
+
+
+def test_a_first_try_on_spark_connect_defers_to_a_shared_job_with_its_input(spark_op):
+    op, calls, claim = spark_op(CONNECT)
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": SimpleNamespace(try_number=1)})
+
+    assert not calls["sessions"] and not calls["runs"] and not calls["submitted"]
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SharedArchiveTrigger) and deferred.value.method_name
+    assert trigger.url.startswith("sc://spark.example:15002")
+    job = ArchiveInput.model_validate_json(trigger.job)
+    assert job.claim == claim.key and job.artifact == code_artifact().name
+    assert "kafka-secret" not in repr(trigger)  # the input's secrets stay out of logs
+    assert deferred.value.timeout == op.execution_timeout
+
+
+def test_a_run_the_shared_job_failed_raises_its_error_permanent_or_not(spark_op):
+    op, _, _ = spark_op(CONNECT)
+    with pytest.raises(AirflowFailException, match=r"orders.*Fenced: gone"):
+        op.shared_failed({}, {"error": "Fenced: gone", "permanent": True})
+    with pytest.raises(AirflowException, match=r"orders.*SharedJobFailed") as raised:
+        op.shared_failed({}, {"error": "SharedJobFailed: x", "permanent": False})
+    assert not isinstance(raised.value, AirflowFailException)
+
+
+def test_share_spark_job_false_runs_a_first_try_alone(spark_op, monkeypatch):
+    op, calls, _ = spark_op(CONNECT)
+    alone = spark_operator.find_topic("orders").model_copy(update={"share_spark_job": False})
+    monkeypatch.setattr(spark_operator, "find_topic", lambda topic: alone)
+
+    op.execute({"ti": SimpleNamespace(try_number=1)})
+
+    assert len(calls["runs"]) == 1 and len(calls["sessions"]) == 1
 
 
 def test_a_spark_connect_connection_runs_the_job_in_the_task_on_the_servers_shared_session(
@@ -193,7 +231,7 @@ def test_a_spark_connect_connection_runs_the_job_in_the_task_on_the_servers_shar
 ):
     op, calls, claim = spark_op(CONNECT)
 
-    op.execute({})
+    op.execute(RETRIED)
 
     assert not calls["submitted"]
     [session] = calls["sessions"]
@@ -216,7 +254,7 @@ def test_a_spark_connection_spark_submits_the_entry_point_with_the_artifact(spar
     cluster = {"conn_type": "spark", "host": "spark://master", "port": 7077}
     op, calls, claim = spark_op(cluster, archive_root="s3://c@bucket/x")
 
-    op.execute({})
+    op.execute(RETRIED)
 
     assert not calls["sessions"] and not calls["runs"]
     [(application, argv, env, py_files, conf)] = calls["submitted"]
@@ -238,7 +276,7 @@ def test_the_connections_extra_names_the_clusters_python_and_spark_properties(sp
         {"conn_type": "spark", "host": "yarn", "extra": extra}, archive_root="s3://c@bucket/x"
     )
 
-    op.execute({})
+    op.execute(RETRIED)
 
     [(_, _, _, _, conf)] = calls["submitted"]
     assert conf["spark.pyspark.python"] == "/opt/py/bin/python3"
@@ -259,7 +297,7 @@ def test_a_topics_spark_connection_chooses_where_its_jobs_run(spark_op, monkeypa
 def test_a_local_master_runs_the_executors_on_this_python(spark_op):
     op, calls, _ = spark_op({"conn_type": "spark", "host": "local[2]"})
 
-    op.execute({})
+    op.execute(RETRIED)
 
     [(_, _, _, _, conf)] = calls["submitted"]
     assert conf["spark.pyspark.python"] == conf["spark.pyspark.driver.python"] == sys.executable
@@ -269,7 +307,7 @@ def test_a_local_archive_root_with_a_cluster_master_is_refused_before_any_spark_
     op, calls, _ = spark_op({"conn_type": "spark", "host": "spark://master", "port": 7077})
 
     with pytest.raises(AirflowFailException) as refused:
-        op.execute({})
+        op.execute(RETRIED)
 
     assert not calls["submitted"]
     assert str(refused.value).startswith("LocalStorageOnCluster: archive root file://")
@@ -281,7 +319,7 @@ def test_on_connect_a_permanent_error_fails_without_retries_and_releases_the_ses
     calls["raise"] = Fenced("topic 'orders': a newer attempt claimed token 1")
 
     with pytest.raises(AirflowFailException, match="newer attempt"):
-        op.execute({})
+        op.execute(RETRIED)
     [session] = calls["sessions"]
     assert session.stopped and session.interrupted == session.tags
 
@@ -291,7 +329,7 @@ def test_on_connect_other_errors_stay_retryable_and_release_the_session(spark_op
     calls["raise"] = ConnectionError("Spark Connect server not reachable")
 
     with pytest.raises(ConnectionError):
-        op.execute({})
+        op.execute(RETRIED)
     [session] = calls["sessions"]
     assert session.stopped and session.interrupted == session.tags
 
@@ -300,10 +338,10 @@ def test_on_connect_a_fenced_out_claim_or_an_empty_plan_starts_no_session(spark_
     op, calls, claim = spark_op(CONNECT)
     claim_next(storage)  # a newer attempt claimed the next link: this one is fenced out
     with pytest.raises(AirflowFailException):
-        op.execute({})
+        op.execute(RETRIED)
     empty = Plan(topic="orders", ranges={0: (1, 1)}, capped=False).model_dump(mode="json")
     op, _, _ = spark_op(CONNECT, {"claim": claim.model_dump(mode="json"), "plan": empty})
-    op.execute({})
+    op.execute(RETRIED)
     assert not calls["sessions"] and not calls["runs"] and not calls["submitted"]
 
 
@@ -368,7 +406,7 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
 
     monkeypatch.setattr(spark_operator, "find_topic", broken)
     with pytest.raises(AirflowFailException, match="line 6: topic 'orders': codec"):
-        op.execute({})
+        op.execute(RETRIED)
     assert not calls["sessions"] and not calls["submitted"]
 
 

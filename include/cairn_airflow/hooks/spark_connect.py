@@ -159,13 +159,13 @@ def connect_mark_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def connect_session(url: str, artifact: Artifact) -> Iterator[Connected]:
-    """A session of the Spark Connect server at `url` for one run of `artifact`'s code, let go
-    (`Connected.end`) after the block, with the process's Connect mark put back
-    (`connect_mark_kept`)."""
+def connect_session(url: str, artifact: Artifact, tag: str | None = None) -> Iterator[Connected]:
+    """A session of the Spark Connect server at `url` for one run (or one shared job) of
+    `artifact`'s code, its work tagged `tag` (by default a new one), let go (`Connected.end`)
+    after the block, with the process's Connect mark put back (`connect_mark_kept`)."""
     with connect_mark_kept():
         session, shared = _join(url, artifact)
-        connected = Connected(session, f"cairn-run-{uuid.uuid4().hex}", shared)
+        connected = Connected(session, tag or f"cairn-run-{uuid.uuid4().hex}", shared)
         session.addTag(connected.tag)
         try:
             yield connected

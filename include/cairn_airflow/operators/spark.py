@@ -32,6 +32,7 @@ from cairn_airflow.hooks.connections import (
 )
 from cairn_airflow.hooks.spark_connect import Connected, connect_session
 from cairn_airflow.spark_artifact import code_artifact
+from cairn_airflow.triggers.shared_archive import SharedArchiveTrigger
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,32 @@ class CairnSparkOperator(SparkSubmitOperator):
             commit.check_live(storage(cfg), claim)
             job = self.job_input(cfg, claim.key)
         conn = BaseHook.get_connection(self._conn_id)
-        if conn.conn_type == SparkConnectHook.conn_type:
-            self.run_connected(job)
-        else:
+        if conn.conn_type != SparkConnectHook.conn_type:
             self.submit(job, conn, context)
+        elif (
+            isinstance(job, ArchiveInput) and cfg.share_spark_job and context["ti"].try_number == 1
+        ):
+            self.share(job)
+        else:
+            self.run_connected(job)
+
+    def share(self, job: ArchiveInput) -> None:
+        """Defer to a Spark job shared with the archive runs ready beside this one
+        (`SharedArchiveTrigger`); a retried or cleared task runs a job of its own."""
+        url = SparkConnectHook(self._conn_id).get_connection_url()
+        log.info("archive job shared on the Spark Connect server %s", url.split("/;", 1)[0])
+        self.defer(
+            trigger=SharedArchiveTrigger(url, job.model_dump_json()),
+            method_name="shared_failed",
+            timeout=self.execution_timeout,
+        )
+
+    def shared_failed(self, context: Any, event: dict[str, Any]) -> None:
+        """Resumed only when the shared job staged nothing for this run: its error."""
+        message = f"topic {self.topic!r}: {event['error']}"
+        if event["permanent"]:
+            raise AirflowFailException(message)
+        raise AirflowException(message)
 
     def job_input(self, cfg: TopicConfig, claim_key: str) -> JobInput:
         """The job's input, its settings resolved from the connections now."""
