@@ -71,6 +71,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         spark_connect_port=connect,
         spark_master="local[2]",
         redis_port=redis,
+        shared_job_gather_seconds=8.0,  # a burst's runs defer seconds apart on a loaded machine
     )
 
 
@@ -167,6 +168,8 @@ E2E_WORKERS = "e2e.workers"
 """Archived while a Spark worker or an Airflow worker is killed."""
 E2E_LOCAL_ROOT = "e2e.localroot"
 """Its archive root is a local folder: refused on the cluster."""
+E2E_BURST = ("e2e.burst.a", "e2e.burst.b", "e2e.burst.c")
+"""Topics triggered together: their runs share Spark jobs (tests/integration/test_shared_job.py)."""
 E2E_WATCHED = "e2e.watched"
 WATCHED_DELAY = 15
 """Runs when records wait (`run_on: records`): the oldest waiting WATCHED_DELAY seconds."""
@@ -174,6 +177,11 @@ E2E_LAGGING = "e2e.lagging"
 E2E_QUIET = "e2e.quiet"
 """Both alert past 1s of time lag: the lagging one reads 5 records a run, the quiet one all;
 the lagging one's runs also outlast its max_run_duration (its Deadline Alert fires)."""
+
+
+BURST_ENTRIES = "".join(
+    f"  - topic: {t}\n    event_time: {{field: ts, encoding: iso8601}}\n" for t in E2E_BURST
+)
 
 
 def e2e_topics(settings: StackSettings, fixed_field: str) -> str:
@@ -223,7 +231,7 @@ topics:
   - topic: {E2E_LOCAL_ROOT}
     event_time: {{field: ts, encoding: iso8601}}
     archive_root: {(settings.state_dir / "local-root").as_uri()}
-  - topic: {E2E_OVERVIEW}
+{BURST_ENTRIES}  - topic: {E2E_OVERVIEW}
     event_time: {{field: ts, encoding: iso8601}}
     max_quarantine_ratio: 0.5
     max_records_per_partition: 110

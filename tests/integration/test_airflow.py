@@ -71,10 +71,12 @@ def test_triggered_run_drains_the_backlog_on_spark_connect_into_s3(
     # task logs reach the UI from the shared log folder (the scheduler serves none itself)
     run_id = next(r["dag_run_id"] for r in runs if by_run.get(r["dag_run_id"]) == committed[0])
     assert "run summary" in airflow.task_log(DAG_ID, run_id, "commit")
-    # The stack's Spark connection is a Spark Connect one: the job ran in the task, on the
-    # long-lived server, and nothing was spark-submitted.
+    # The stack's Spark connection is a Spark Connect one: the task deferred to a job shared on
+    # the long-lived server (the triggerer ran it), and nothing was spark-submitted.
     spark_log = airflow.task_log(DAG_ID, run_id, "archive")
-    assert f"archive job on the Spark Connect server sc://{stack_settings.host}:" in spark_log
+    assert (
+        f"archive job shared on the Spark Connect server sc://{stack_settings.host}:" in spark_log
+    )
     assert re.search(r"wrote \d+ files for 120 records", spark_log), spark_log
     assert "spark-submit" not in spark_log.lower()
     # The Spark tasks ran in the pool the stack made; the run the first one triggered was
