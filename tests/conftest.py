@@ -71,6 +71,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> StackSettings:
         spark_connect_port=connect,
         spark_master="local[2]",
         redis_port=redis,
+        dag_file_interval=30,  # Airflow's default: tests change topics files and wait for DAGs
         shared_job_gather_seconds=8.0,  # a burst's runs defer seconds apart on a loaded machine
     )
 

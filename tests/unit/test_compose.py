@@ -672,3 +672,13 @@ def test_the_scheduler_sleeps_the_stacks_idle_sleep(services):
     sleep = env(services["airflow-scheduler"])["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"]
     assert sleep == ref("CAIRN_SCHEDULER_IDLE_SLEEP")
     assert DEFAULTS["scheduler_idle_sleep"] == 0.2
+
+
+def test_the_dag_processor_and_the_shared_jobs_use_the_stacks_settings(services):
+    for name in AIRFLOW_SERVICES:
+        found = env(services[name])
+        interval = found["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"]
+        assert interval == ref("CAIRN_DAG_FILE_INTERVAL"), name
+        gather = found["AIRFLOW__CAIRN__SHARED_JOB_GATHER_SECONDS"]
+        assert gather == ref("CAIRN_SHARED_JOB_GATHER_SECONDS"), name
+    assert DEFAULTS["dag_file_interval"] == 300 and DEFAULTS["shared_job_gather_seconds"] == 2.0
