@@ -67,6 +67,7 @@ from croniter import croniter
 
 from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.dag_ids import dag_id
+from cairn.pipeline import run_record
 from cairn.protocol import commit
 from cairn.storage.layout import head_key
 from cairn.storage.objects import Storage
@@ -484,6 +485,17 @@ def wait_caught_up(
         time.sleep(5)  # the time is the token's, so polling more often gains nothing
 
 
+def spark_jobs(cfgs: dict[str, TopicConfig], topics: list[str], since: datetime) -> dict[str, int]:
+    """The Spark jobs that staged the fleet's runs committed since `since` (from each run
+    record's `spark_job`: runs of one shared job have one tag; a run without one, its own)."""
+    tags: list[str] = []
+    for topic in topics:
+        for record in run_record.recent(Storage(cfgs[topic].root.storage_url), topic):
+            if record.committed_at >= since and record.counts.read:
+                tags.append(record.spark_job.tag if record.spark_job else record.run_id)
+    return {"runs_with_records": len(tags), "spark_jobs": len(set(tags))}
+
+
 def cleanup(
     api: AirflowAPI,
     settings: StackSettings,
@@ -640,6 +652,7 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         pool = api.call("GET", f"/api/v2/pools/{settings.spark_pool}")
         errors = new_errors(settings, logs_before)
         result |= task_log_events(settings, burst)
+        result |= spark_jobs(cfgs, sorted(committed), burst)
         result |= {
             "burst_start": burst.isoformat(),
             "caught_up": len(committed),
@@ -734,6 +747,10 @@ def show(r: dict) -> None:
         (
             "archive runs / tasks run",
             f"{r['runs']} / {r['tasks_run']} ({r['task_seconds_per_run']} task-seconds per run)",
+        ),
+        (
+            "Spark jobs / runs with records",
+            f"{r['spark_jobs']} / {r['runs_with_records']} (runs of one shared job count once)",
         ),
         ("archive task (Spark work)", s(r["archive_task_seconds"])),
         ("archive task waiting for a slot", s(r["archive_wait_for_slot_seconds"])),
