@@ -13,11 +13,14 @@ not); the driver gathers what was written into the attempt manifest. `run` takes
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 import secrets
 import string
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +34,7 @@ from cairn.jobs import ArchiveInput
 from cairn.kafka.connection import KafkaAccessDenied
 from cairn.pipeline.archive_run import Planned, load_claimed, save_attempt
 from cairn.protocol import manifest
-from cairn.protocol.plan import kafka_assign_json, kafka_json_offsets
+from cairn.protocol.plan import kafka_source_options
 from cairn.storage.objects import Storage
 from spark_jobs.executors import guarded, requirements, translated
 
@@ -56,11 +59,15 @@ FETCH_OPTIONS = {
 }
 
 
-def encoded(source: DataFrame, cfg: TopicConfig) -> DataFrame:
+def new_nonce() -> str:
+    """A fresh nonce for `fastpath.select`: one per job."""
+    return "".join(secrets.choice(string.ascii_letters) for _ in range(24))
+
+
+def encoded(source: DataFrame, cfg: TopicConfig, nonce: str | None = None) -> DataFrame:
     """The Kafka source's records with their datums encoded in the JVM
     (`cairn.datafiles.fastpath`)."""
-    nonce = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
-    for projection in fastpath.select(cfg, nonce):
+    for projection in fastpath.select(cfg, nonce or new_nonce()):
         source = source.selectExpr(*projection)
     return source
 
@@ -104,10 +111,9 @@ def archive(
             parts[i] = _part(job)
         except Exception as err:
             outcomes[i] = err
-    rows = _collect(spark, parts) if parts else []
     results: dict[int, list[PartitionResult]] = {i: [] for i in parts}
-    for row in rows:
-        results[row.part].append(PartitionResult.model_validate_json(row.result))
+    for i, result in _collect(spark, parts) if parts else []:
+        results[i].append(result)
     staged_by = manifest.SparkJob(tag=tag, topics=len(parts)) if tag else None
     for i, part in parts.items():
         try:
@@ -125,16 +131,20 @@ def _part(job: ArchiveInput) -> Part:
     return Part(job, cfg, storage, planned)
 
 
-def _collect(spark: SparkSession, parts: dict[int, Part]) -> list[Any]:
-    """One Spark job over every part's ranges: a union of each part's staging, each row one
-    Kafka partition's `PartitionResult` tagged with its part."""
+def _collect(spark: SparkSession, parts: dict[int, Part]) -> list[tuple[int, PartitionResult]]:
+    """One Spark job over every part's ranges: per group of parts (`_groups`) one Kafka source
+    and one writer stage, the groups' results in one union; each result with its part."""
+    nonce = new_nonce()
+    groups = _groups(parts, nonce)
     frames = [
-        _staging(spark, i, part).select(lit(i).alias("part"), "result") for i, part in parts.items()
+        _staging(spark, [parts[i] for i in group], nonce).select(lit(g).alias("group"), "*")
+        for g, group in enumerate(groups)
     ]
+    owner = {(g, parts[i].planned.topic): i for g, group in enumerate(groups) for i in group}
     kafka = next(iter(parts.values())).job.kafka_conf()
     try:
         with translated():
-            return _union(frames).collect()
+            rows = _union(frames).collect()
     except Exception as err:
         causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
         if not causes:
@@ -142,10 +152,34 @@ def _collect(spark: SparkSession, parts: dict[int, Part]) -> list[Any]:
         raise KafkaAccessDenied(
             f"{kafka.describe()}: Spark's Kafka client was refused: {'; caused by '.join(causes)}"
         ) from None
+    return [
+        (owner[(row.group, row.topic)], PartitionResult.model_validate_json(row.result))
+        for row in rows
+        if row.topic is not None  # a range that held no committed record
+    ]
+
+
+def _groups(parts: dict[int, Part], nonce: str) -> list[list[int]]:
+    """The parts that one Kafka source reads and one writer stage stages: the same Kafka
+    settings and the same JVM projection (topics of one configuration, as a pattern entry's
+    are), at most one run of a topic. Each group costs the driver one Kafka offset reader, so a
+    fleet of like topics is read by few sources, not one per topic."""
+    groups: list[tuple[str, set[str], list[int]]] = []
+    for i, part in parts.items():
+        key = json.dumps([part.job.kafka, fastpath.select(part.cfg, nonce)], sort_keys=True)
+        topic = part.planned.topic
+        for same, topics, members in groups:
+            if same == key and topic not in topics:
+                topics.add(topic)
+                members.append(i)
+                break
+        else:
+            groups.append((key, {topic}, [i]))
+    return [members for _, _, members in groups]
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
-    """A balanced union: the plan's depth grows as log(parts), not as parts (Spark Connect
+    """A balanced union: the plan's depth grows as log(groups), not as groups (Spark Connect
     refuses plans nested too deeply)."""
     if len(frames) == 1:
         return frames[0]
@@ -153,37 +187,73 @@ def _union(frames: list[DataFrame]) -> DataFrame:
     return _union(frames[:half]).unionAll(_union(frames[half:]))
 
 
-def _staging(spark: SparkSession, index: int, part: Part) -> DataFrame:
-    """Part `index`'s records, read and staged in the attempt's staging area by its writers."""
-    job, cfg, planned = part.job, part.cfg, part.planned
-    options, registries = job.storage_options, job.registries
-    staged_url = planned.staged(part.storage).url
-    processing_time, attempt_id = planned.planned_at, planned.attempt_id
-    starting, ending = kafka_json_offsets(planned.topic, planned.plan)
+@dataclass(frozen=True)
+class _Target:
+    """Where and how one part's writers stage its records (what travels to the executors)."""
+
+    cfg: TopicConfig
+    staged_url: str
+    options: dict[str, Any]
+    processing_time: datetime
+    attempt_id: str
+    registries: dict[str, dict[str, Any]]
+
+
+RESULT = pa.schema([("topic", pa.string()), ("result", pa.string())])
+
+
+def _staging(spark: SparkSession, parts: list[Part], nonce: str) -> DataFrame:
+    """One group's records, read by one Kafka source and staged in each part's staging area by
+    its writers: each Spark task holds one Kafka partition's range, so one part's records."""
+    first = parts[0]
+    targets = {
+        part.planned.topic: _Target(
+            part.cfg,
+            part.planned.staged(part.storage).url,
+            part.job.storage_options,
+            part.planned.planned_at,
+            part.planned.attempt_id,
+            part.job.registries,
+        )
+        for part in parts
+    }
+    plans = {part.planned.topic: part.planned.plan for part in parts}
     source = (
         spark.read.format("kafka")
-        .options(**job.kafka_conf().spark_options(), **FETCH_OPTIONS)
+        .options(**first.job.kafka_conf().spark_options(), **FETCH_OPTIONS)
+        .options(**kafka_source_options(plans))
         .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
-        .option("assign", kafka_assign_json(planned.topic, planned.plan))
-        .option("startingOffsets", starting)
-        .option("endingOffsets", ending)
         .option("failOnDataLoss", "true")
         .option("includeHeaders", "true")
         .load()
     )
-    gap = fastpath.gap(cfg)
-    if gap is not None and cfg.parses:
-        print(f"{planned.topic}: values are parsed in Python, not in Spark: {gap}")
+    for part in parts:
+        gap = fastpath.gap(part.cfg)
+        if gap is not None and part.cfg.parses:
+            print(f"{part.planned.topic}: values are parsed in Python, not in Spark: {gap}")
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out = Storage(staged_url, **options)
+        for batch in batches:
+            if batch.num_rows:
+                break
+        else:  # nothing committed in the range: nothing to stage
+            yield pa.RecordBatch.from_pylist([{"topic": None, "result": None}], schema=RESULT)
+            return
+        topic = batch.column("topic")[0].as_py()
+        target = targets[topic]
         result = write_partition(
-            batches, cfg, out, processing_time, attempt_id, registries=registries
+            itertools.chain([batch], batches),
+            target.cfg,
+            Storage(target.staged_url, **target.options),
+            target.processing_time,
+            target.attempt_id,
+            registries=target.registries,
         )
-        yield pa.RecordBatch.from_pylist([{"result": result.model_dump_json()}])
+        row = {"topic": topic, "result": result.model_dump_json()}
+        yield pa.RecordBatch.from_pylist([row], schema=RESULT)
 
-    return encoded(source, cfg).mapInArrow(
-        guarded(write, requirements(job.artifact)), "result string"
+    return encoded(source, first.cfg, nonce).mapInArrow(
+        guarded(write, requirements(first.job.artifact)), "topic string, result string"
     )
 
 

@@ -19,8 +19,7 @@ from cairn.protocol.plan import (
     RetentionGap,
     Span,
     TopicRecreated,
-    kafka_assign_json,
-    kafka_json_offsets,
+    kafka_source_options,
     lag,
     plan,
 )
@@ -75,7 +74,7 @@ def test_nothing_new_is_an_empty_plan_keeping_the_position():
     assert p.empty and not p.capped
     assert p.next_offsets == {0: 50, 1: 7}
     with pytest.raises(ValueError, match="reads nothing"):
-        kafka_json_offsets("orders", p)
+        kafka_source_options({"orders": p})
 
 
 @pytest.mark.parametrize("start", ["earliest", "latest"])
@@ -214,13 +213,14 @@ def test_plan_survives_a_json_round_trip_between_tasks():
     assert Plan.model_validate_json(p.model_dump_json()) == p
 
 
-def test_spark_offsets_name_only_partitions_with_records():
+def test_spark_offsets_name_only_partitions_with_records_of_every_topic():
     p = make(make_token(3, {0: 10, 1: 7, 2: 0}), wm(p0=(0, 20), p1=(0, 7), p2=(0, 3)))
+    other = make(None, wm(p0=(4, 9)))
 
-    starting, ending = kafka_json_offsets("orders", p)
-    assert json.loads(starting) == {"orders": {"0": 10, "2": 0}}
-    assert json.loads(ending) == {"orders": {"0": 20, "2": 3}}
-    assert json.loads(kafka_assign_json("orders", p)) == {"orders": [0, 2]}
+    options = {k: json.loads(v) for k, v in kafka_source_options({"orders": p, "b": other}).items()}
+    assert options["startingOffsets"] == {"orders": {"0": 10, "2": 0}, "b": {"0": 4}}
+    assert options["endingOffsets"] == {"orders": {"0": 20, "2": 3}, "b": {"0": 9}}
+    assert options["assign"] == {"orders": [0, 2], "b": [0]}
 
 
 def test_lag_counts_records_kafka_holds_beyond_the_position():

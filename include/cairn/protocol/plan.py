@@ -189,22 +189,23 @@ def plan(
     return Plan(topic=topic, ranges=ranges, capped=capped, gaps=gaps, adopted=adopted)
 
 
-def kafka_json_offsets(topic: str, plan: Plan) -> tuple[str, str]:
-    """Spark Kafka source `startingOffsets` and `endingOffsets` for the non-empty ranges.
-
-    Spark demands offsets for every partition it reads, so pair these with `kafka_assign_json`.
-    """
-    ranges = plan.to_read
-    if not ranges:
-        raise ValueError(f"topic {topic!r}: the plan reads nothing; do not start Spark")
-    start = {topic: {str(p): s for p, (s, _) in ranges.items()}}
-    end = {topic: {str(p): e for p, (_, e) in ranges.items()}}
-    return json.dumps(start), json.dumps(end)
-
-
-def kafka_assign_json(topic: str, plan: Plan) -> str:
-    """Spark Kafka source `assign` option: exactly the partitions with records to read."""
-    return json.dumps({topic: sorted(plan.to_read)})
+def kafka_source_options(plans: Mapping[str, Plan]) -> dict[str, str]:
+    """Spark Kafka source `assign`, `startingOffsets` and `endingOffsets` for the non-empty
+    ranges of each topic's plan: one source reads every topic's planned records (Spark
+    demands offsets for every partition it reads, and reads exactly the partitions assigned)."""
+    assign, start, end = {}, {}, {}
+    for topic, plan in plans.items():
+        ranges = plan.to_read
+        if not ranges:
+            raise ValueError(f"topic {topic!r}: the plan reads nothing; do not start Spark")
+        assign[topic] = sorted(ranges)
+        start[topic] = {str(p): s for p, (s, _) in ranges.items()}
+        end[topic] = {str(p): e for p, (_, e) in ranges.items()}
+    return {
+        "assign": json.dumps(assign),
+        "startingOffsets": json.dumps(start),
+        "endingOffsets": json.dumps(end),
+    }
 
 
 def lag(next_offsets: dict[int, int], watermarks: dict[int, Watermarks]) -> dict[int, int]:
