@@ -225,9 +225,23 @@ def measured_run(cfg, storage, kafka, spark, options, metrics_url) -> dict[str, 
     return counts
 
 
-def benchmark(args: argparse.Namespace, work: Path) -> dict:
+def local_spark(name: str) -> Any:
+    """A local[2] SparkSession in this process with the Kafka connector's jars; its Python
+    workers run this Python."""
     from pyspark.sql import SparkSession
 
+    jars = sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar"))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    return (
+        SparkSession.builder.master("local[2]")
+        .appName(name)
+        .config("spark.jars", ",".join(jars))
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+
+
+def benchmark(args: argparse.Namespace, work: Path) -> dict:
     marks = sorted(int(m) for m in args.history.split(","))
     results = {}
     with ExitStack() as stack:
@@ -240,15 +254,7 @@ def benchmark(args: argparse.Namespace, work: Path) -> dict:
         storage = Storage(cfg.root.storage_url, **options)
         kafka = KafkaConf.from_bootstrap(bootstrap, "the benchmark's broker")
         producer = Producer({"bootstrap.servers": bootstrap})
-        jars = sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar"))
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("cairn-requests-per-run")
-            .config("spark.jars", ",".join(jars))
-            .config("spark.ui.enabled", "false")
-            .getOrCreate()
-        )
+        spark = local_spark("cairn-requests-per-run")
         stack.callback(spark.stop)
         done, started = 0, time.monotonic()
         for mark in marks:

@@ -16,7 +16,6 @@ the same local[2] SparkSession in this process, with the same code and data.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -28,15 +27,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from archive_throughput import console, git_commit, machine, private_kafka
-from requests_per_run import topic_config
+from requests_per_run import local_spark, topic_config
 
 from cairn.jobs import ArchiveInput
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run
 from cairn.storage.objects import Storage
-from cairn_stack import services
 from cairn_stack.demo import create_topic, produce, sample_events
-from cairn_stack.settings import REPO, StackSettings
+from cairn_stack.settings import REPO
 
 PARTITIONS = 2
 
@@ -48,8 +46,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pyspark.sql import SparkSession
-
     from spark_jobs.archive import archive
 
     with ExitStack() as stack, tempfile.TemporaryDirectory() as work_dir:
@@ -63,15 +59,7 @@ def main() -> int:
             topic = f"bench.shared-{run}-{i}"
             create_topic(bootstrap, topic, partitions=PARTITIONS)
             cfgs.append(topic_config(work / f"{topic}.yaml", topic, root))
-        jars = sorted(str(p) for p in services.jars(StackSettings(), "spark").glob("*.jar"))
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("cairn-shared-job")
-            .config("spark.jars", ",".join(jars))
-            .config("spark.ui.enabled", "false")
-            .getOrCreate()
-        )
+        spark = local_spark("cairn-shared-job")
         stack.callback(spark.stop)
 
         def ready(round_: int) -> list[tuple[ArchiveInput, archive_run.Planned]]:

@@ -69,8 +69,9 @@ class StackSettings(BaseSettings):
     spark_pool: str = "cairn_spark"
     """The Airflow pool Cairn's Spark tasks run in (Airflow gets it as `CAIRN_SPARK_POOL`)."""
     spark_pool_slots: int = 2
-    """How many Spark jobs (archive and rebuild) run at once: the pool's slots, set at every
-    start. 2 suits a 2-core machine; each job is a Spark driver and its executors."""
+    """How many Spark tasks (rebuilds, seals, archive runs alone) run at once: the pool's slots,
+    set at every start. 2 suits a 2-core machine. A shared archive job holds no slot: its runs'
+    tasks are deferred while the triggerer runs it."""
     scheduler_idle_sleep: PositiveFloat = 0.2
     """Seconds Airflow's scheduler sleeps after a loop that found nothing to do (its default is
     1). Each task of a run waits up to that long to be scheduled after the one before it; at 0.2
