@@ -47,7 +47,7 @@ def test_runs_of_several_topics_share_a_job_and_a_fenced_run_fails_alone(
     done_tokyo, refused, done_json = outcomes
     assert isinstance(refused, commit.Fenced), refused
     assert isinstance(done_tokyo, Manifest) and isinstance(done_json, Manifest)
-    assert done_tokyo.spark_job == done_json.spark_job and done_tokyo.spark_job.topics == 2
+    assert done_tokyo.spark_job == done_json.spark_job and done_tokyo.spark_job.runs == 2
     for topic, manifest in ((tokyo, done_tokyo), (json_, done_json)):
         assert manifest.topic == topic and sum(manifest.records_read.values()) == 30
         record = archiver.finish(cfgs[topic], planned[topic])
@@ -110,7 +110,7 @@ def test_a_burst_on_several_topics_is_archived_by_fewer_spark_jobs_than_runs(
                 read_by = (f"archive__{topic}", record.run_id)
     # fewer Spark jobs than runs that read records, and one of them served several topics
     assert len({job.tag for job in staged}) < len(staged), staged
-    assert max(job.topics for job in staged) >= 2, staged
+    assert max(job.runs for job in staged) >= 2, staged
     # the task deferred while Spark worked, and its log says which job staged it
     log = airflow.task_log(*read_by, "archive")
     assert "archive job shared on the Spark Connect server" in log, log

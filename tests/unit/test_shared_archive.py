@@ -36,7 +36,7 @@ def staged(claim: str, tag: str, runs: int) -> Manifest:
         files=[],
         processing_time=datetime.now(UTC),
         created_at=datetime.now(UTC),
-        spark_job=SparkJob(tag=tag, topics=runs),
+        spark_job=SparkJob(tag=tag, runs=runs),
     )
 
 
@@ -68,7 +68,7 @@ def test_runs_arriving_together_share_one_job_and_each_gets_its_own_manifest():
 
     assert spark.jobs == [["a", "b", "c"]]
     assert [o.attempt_id for o in outcomes] == ["a", "b", "c"]
-    assert len({o.spark_job.tag for o in outcomes}) == 1 and outcomes[0].spark_job.topics == 3
+    assert len({o.spark_job.tag for o in outcomes}) == 1 and outcomes[0].spark_job.runs == 3
 
 
 def test_runs_arriving_while_a_job_runs_share_the_next_one_and_max_runs_splits():
@@ -88,7 +88,7 @@ def test_runs_arriving_while_a_job_runs_share_the_next_one_and_max_runs_splits()
     outcomes = asyncio.run(main())
 
     assert spark.jobs == [["a"], ["b", "c"], ["d"]]
-    assert [o.spark_job.topics for o in outcomes] == [1, 2, 2, 1]
+    assert [o.spark_job.runs for o in outcomes] == [1, 2, 2, 1]
 
 
 def test_a_shared_job_failing_fails_each_run_retryably_and_a_lone_run_with_its_error():

@@ -34,8 +34,8 @@ class SparkJob(BaseModel):
     """The Spark job that staged an attempt: the runs of one shared job have the same `tag`."""
 
     tag: str
-    topics: PositiveInt
-    """How many topics' runs the job staged."""
+    runs: PositiveInt
+    """How many runs the job staged (of as many topics, but for a run fenced out by another)."""
 
 
 class Manifest(Versioned):

@@ -164,6 +164,6 @@ class SharedArchiveTrigger(BaseTrigger):
             read,
             outcome.attempt_id,
             shared.tag if shared else "?",
-            shared.topics if shared else 1,
+            shared.runs if shared else 1,
         )
         yield TaskSuccessEvent()
