@@ -114,7 +114,7 @@ def archive(
     results: dict[int, list[PartitionResult]] = {i: [] for i in parts}
     for i, result in _collect(spark, parts) if parts else []:
         results[i].append(result)
-    staged_by = manifest.SparkJob(tag=tag, runs=len(parts)) if tag else None
+    staged_by = manifest.SparkJob(tag=tag, runs=len(parts)) if tag and parts else None
     for i, part in parts.items():
         try:
             outcomes[i] = save_attempt(part.cfg, part.storage, part.planned, results[i], staged_by)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from cairn.config import INCLUDE_DIR, TopicConfig
 from cairn.jobs import ArchiveInput
-from spark_jobs.archive import Part, _groups, new_nonce
+from spark_jobs.archive import Part, _groups, archive, new_nonce
 
 SCHEMA = str(INCLUDE_DIR / "schemas" / "demo_event.avsc")
 
@@ -44,3 +44,14 @@ def test_like_topics_share_a_source_and_a_topics_second_run_or_another_config_do
     )
 
     assert _groups(parts, new_nonce()) == [[0, 1, 4], [2], [3], [5]]
+
+
+def test_a_job_whose_every_run_fails_its_check_returns_their_errors_and_starts_no_spark(tmp_path):
+    """(All runs fenced out: no Spark work, and no job to tag.)"""
+    spark = SimpleNamespace(conf=SimpleNamespace(set=lambda key, value: None))
+    jobs = [part(topic, archive_root=tmp_path.as_uri()).job for topic in ("a", "b")]
+
+    unclaimed = [job.model_copy(update={"claim": "_claims/a/x.json"}) for job in jobs]
+    outcomes = archive(spark, unclaimed, "t")  # type: ignore[arg-type]
+
+    assert len(outcomes) == 2 and all(isinstance(o, Exception) for o in outcomes), outcomes
