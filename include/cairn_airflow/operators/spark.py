@@ -54,8 +54,10 @@ class CairnSparkOperator(SparkSubmitOperator):
     provider's; host and port of a Spark Connect server) runs `spark_jobs.main.run` in this
     task on a session of that long-lived server: no JVM starts per run; runs of one code
     version share a session with its warm Python workers (`cairn_airflow.hooks.spark_connect`),
-    and a run's work is tagged, so killing the task interrupts that run's work alone. A `spark`
-    connection (a master URL) spark-submits `spark_jobs/main.py` instead.
+    and a run's work is tagged, so killing the task interrupts that run's work alone. There an
+    archive task's first try defers instead, to a Spark job it shares with the archive runs
+    ready beside it (`share`, `cairn_airflow.triggers.shared_archive`). A `spark` connection (a
+    master URL) spark-submits `spark_jobs/main.py` instead.
 
     Either way the job gets one typed `JobInput` (`cairn.jobs`): the topic's entry with its
     files, the claim's key (the plan or selection is read from storage by reference), and the
