@@ -229,6 +229,7 @@ topics:
   - topic: {E2E_WORKERS}
     event_time: {{field: ts, encoding: iso8601}}
     max_time_lag: 30d
+    share_spark_job: false  # its archive task runs the job on a worker, which a test kills
   - topic: {E2E_LOCAL_ROOT}
     event_time: {{field: ts, encoding: iso8601}}
     archive_root: {(settings.state_dir / "local-root").as_uri()}
