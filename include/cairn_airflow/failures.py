@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import NoReturn
 
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException
@@ -33,9 +34,13 @@ def fail_fast() -> Iterator[None]:
     try:
         yield
     except PermanentError as err:
-        cause = f"{type(err).__name__}: {err}"
-        _keep(cause)
-        raise AirflowFailException(cause) from err
+        fail(f"{type(err).__name__}: {err}")
+
+
+def fail(cause: str) -> NoReturn:
+    """Fail the task without retries, keeping `cause` for the overview page."""
+    _keep(cause)
+    raise AirflowFailException(cause)
 
 
 def _keep(cause: str) -> None:

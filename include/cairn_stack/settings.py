@@ -71,7 +71,7 @@ class StackSettings(BaseSettings):
     spark_pool_slots: int = 2
     """How many Spark tasks (rebuilds, seals, archive runs alone) run at once: the pool's slots,
     set at every start. 2 suits a 2-core machine. A shared archive job holds no slot: its runs'
-    tasks are deferred while the triggerer runs it."""
+    tasks start in the triggerer, which runs it."""
     scheduler_idle_sleep: PositiveFloat = 0.2
     """Seconds Airflow's scheduler sleeps after a loop that found nothing to do (its default is
     1). Each task of a run waits up to that long to be scheduled after the one before it; at 0.2

@@ -3,6 +3,7 @@ the plain values the core takes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import runpy
@@ -13,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.triggers.base import TaskSuccessEvent
 
 from cairn.config import TopicConfig
 from cairn.jobs import ArchiveInput, from_env
@@ -24,14 +26,16 @@ from cairn.protocol.manifest import VerificationFailed
 from cairn.protocol.plan import Plan, RetentionGap, TopicRecreated
 from cairn.protocol.rewind import RewindRefused
 from cairn.topics_file import TopicNotConfigured
-from cairn_airflow import dag_topics, failures
+from cairn_airflow import dag_topics, failures, job_inputs
 from cairn_airflow.failures import CAUSE_KEY, fail_fast
 from cairn_airflow.hooks.connections import schema_registries
 from cairn_airflow.hooks.spark_connect import Connected, session_id
 from cairn_airflow.operators import spark as spark_operator
 from cairn_airflow.spark_artifact import code_artifact
+from cairn_airflow.triggers import shared_archive
 from cairn_airflow.triggers.shared_archive import SharedArchiveTrigger
 from tests.unit.conftest import claim_next
+from tests.unit.test_shared_archive import staged
 
 
 @pytest.mark.parametrize(
@@ -138,7 +142,7 @@ def spark_op(monkeypatch, storage, tmp_path):
     cfg = TopicConfig.model_validate(
         {"topic": "orders", "format": "raw", "archive_root": storage.url}
     )
-    monkeypatch.setattr(spark_operator, "find_topic", lambda topic: cfg)
+    monkeypatch.setattr(job_inputs, "find_topic", lambda topic: cfg)
     monkeypatch.setenv(
         "AIRFLOW_CONN_CAIRN_KAFKA",
         '{"conn_type": "kafka", "extra": {"bootstrap.servers": "kafka:9092",'
@@ -174,9 +178,9 @@ def spark_op(monkeypatch, storage, tmp_path):
         """`archive_root`: another root for the entry, the claim still read from `storage`."""
         if archive_root is not None:
             other = cfg.model_copy(update={"archive_root": archive_root})
-            monkeypatch.setattr(spark_operator, "find_topic", lambda topic: other)
-            monkeypatch.setattr(spark_operator, "storage", lambda cfg: storage)
-            monkeypatch.setattr(spark_operator, "storage_options", lambda cfg, for_spark: {})
+            monkeypatch.setattr(job_inputs, "find_topic", lambda topic: other)
+            monkeypatch.setattr(job_inputs, "storage", lambda cfg: storage)
+            monkeypatch.setattr(job_inputs, "storage_options", lambda cfg, for_spark: {})
         monkeypatch.setenv("AIRFLOW_CONN_CAIRN_SPARK", json.dumps(conn))
         op = spark_operator.CairnSparkOperator(
             task_id="archive", job="archive", cfg=cfg, payload=payload
@@ -187,43 +191,84 @@ def spark_op(monkeypatch, storage, tmp_path):
 
 
 CONNECT = {"conn_type": "spark_connect", "host": "sc://spark.example", "port": 15002}
-RETRIED = {"ti": SimpleNamespace(try_number=2)}
-"""A retried task's context: its archive job is its own, never shared."""
 
 
-def test_a_first_try_on_spark_connect_defers_to_a_shared_job_with_its_input(spark_op):
+def start(monkeypatch, payload: dict, try_number: int = 1) -> tuple[list, list]:
+    """An archive task of `orders` started in the triggerer (`payload`: its plan task's
+    result): its trigger's events, and the runs it queued for a shared job."""
+    queued: list = []
+
+    async def archive(self, job):
+        queued.append((self, job))
+        return staged(job.claim, "cairn-shared-1", 2)
+
+    monkeypatch.setattr(shared_archive.Batcher, "archive", archive)
+    monkeypatch.setattr(shared_archive, "_BATCHERS", {})
+    trigger = SharedArchiveTrigger("orders", "cairn_spark", "plan")
+    pulls = {"plan": payload}
+    trigger.task_instance = SimpleNamespace(
+        task_id="archive", try_number=try_number, xcom_pull=lambda task_ids: pulls[task_ids]
+    )
+
+    async def events():
+        return [event async for event in trigger.run()]
+
+    return asyncio.run(events()), queued
+
+
+def test_a_first_try_on_spark_connect_stages_from_the_triggerer_in_a_shared_job(
+    spark_op, monkeypatch
+):
     op, calls, claim = spark_op(CONNECT)
 
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute({"ti": SimpleNamespace(try_number=1)})
+    [done], [(batcher, job)] = start(monkeypatch, op.payload)
 
+    assert isinstance(done, TaskSuccessEvent)  # no worker takes the task up
     assert not calls["sessions"] and not calls["runs"] and not calls["submitted"]
-    trigger = deferred.value.trigger
-    assert isinstance(trigger, SharedArchiveTrigger) and deferred.value.method_name
-    assert trigger.url.startswith("sc://spark.example:15002")
-    job = ArchiveInput.model_validate_json(trigger.job)
+    [(url, one)] = shared_archive._BATCHERS.items()  # one Batcher per Spark Connect server
+    assert one is batcher and url.startswith("sc://spark.example:15002")
     assert job.claim == claim.key and job.artifact == code_artifact().name
-    assert "kafka-secret" not in repr(trigger)  # the input's secrets stay out of logs
-    assert deferred.value.timeout == op.execution_timeout
+    assert job.kafka["sasl.password"] == "kafka-secret"  # resolved in the triggerer's memory
+
+
+@pytest.mark.parametrize("why", ["retried", "unshared", "spark-submit"])
+def test_a_retry_an_unshared_topic_or_spark_submit_comes_to_a_worker_to_run_alone(
+    spark_op, monkeypatch, why
+):
+    op, calls, _ = spark_op(
+        {"conn_type": "spark", "host": "local[2]"} if why == "spark-submit" else CONNECT
+    )
+    if why == "unshared":
+        alone = job_inputs.find_topic("orders").model_copy(update={"share_spark_job": False})
+        monkeypatch.setattr(job_inputs, "find_topic", lambda topic: alone)
+
+    [event], queued = start(monkeypatch, op.payload, try_number=2 if why == "retried" else 1)
+
+    assert not queued and "on_worker" in event.payload, event
+    op.resume({}, event.payload)  # on the worker, in the Spark pool
+    assert len(calls["submitted"] if why == "spark-submit" else calls["runs"]) == 1
+
+
+def test_in_the_triggerer_a_fenced_claim_fails_for_good_and_an_empty_plan_ends_the_task(
+    spark_op, storage, monkeypatch
+):
+    op, calls, claim = spark_op(CONNECT)
+    claim_next(storage)  # a newer attempt claimed the next link: this one is fenced out
+    [fenced], queued = start(monkeypatch, op.payload)
+    assert fenced.payload["permanent"] and fenced.payload["error"].startswith("Fenced")
+    empty = Plan(topic="orders", ranges={0: (1, 1)}, capped=False).model_dump(mode="json")
+    [done], more = start(monkeypatch, {"claim": claim.model_dump(mode="json"), "plan": empty})
+    assert isinstance(done, TaskSuccessEvent)
+    assert not queued and not more and not calls["sessions"] and not calls["runs"]
 
 
 def test_a_run_the_shared_job_failed_raises_its_error_permanent_or_not(spark_op):
     op, _, _ = spark_op(CONNECT)
     with pytest.raises(AirflowFailException, match=r"orders.*Fenced: gone"):
-        op.shared_failed({}, {"error": "Fenced: gone", "permanent": True})
+        op.resume({}, {"error": "Fenced: gone", "permanent": True})
     with pytest.raises(AirflowException, match=r"orders.*SharedJobFailed") as raised:
-        op.shared_failed({}, {"error": "SharedJobFailed: x", "permanent": False})
+        op.resume({}, {"error": "SharedJobFailed: x", "permanent": False})
     assert not isinstance(raised.value, AirflowFailException)
-
-
-def test_share_spark_job_false_runs_a_first_try_alone(spark_op, monkeypatch):
-    op, calls, _ = spark_op(CONNECT)
-    alone = spark_operator.find_topic("orders").model_copy(update={"share_spark_job": False})
-    monkeypatch.setattr(spark_operator, "find_topic", lambda topic: alone)
-
-    op.execute({"ti": SimpleNamespace(try_number=1)})
-
-    assert len(calls["runs"]) == 1 and len(calls["sessions"]) == 1
 
 
 def test_a_spark_connect_connection_runs_the_job_in_the_task_on_the_servers_shared_session(
@@ -231,7 +276,7 @@ def test_a_spark_connect_connection_runs_the_job_in_the_task_on_the_servers_shar
 ):
     op, calls, claim = spark_op(CONNECT)
 
-    op.execute(RETRIED)
+    op.execute({})
 
     assert not calls["submitted"]
     [session] = calls["sessions"]
@@ -254,7 +299,7 @@ def test_a_spark_connection_spark_submits_the_entry_point_with_the_artifact(spar
     cluster = {"conn_type": "spark", "host": "spark://master", "port": 7077}
     op, calls, claim = spark_op(cluster, archive_root="s3://c@bucket/x")
 
-    op.execute(RETRIED)
+    op.execute({})
 
     assert not calls["sessions"] and not calls["runs"]
     [(application, argv, env, py_files, conf)] = calls["submitted"]
@@ -276,7 +321,7 @@ def test_the_connections_extra_names_the_clusters_python_and_spark_properties(sp
         {"conn_type": "spark", "host": "yarn", "extra": extra}, archive_root="s3://c@bucket/x"
     )
 
-    op.execute(RETRIED)
+    op.execute({})
 
     [(_, _, _, _, conf)] = calls["submitted"]
     assert conf["spark.pyspark.python"] == "/opt/py/bin/python3"
@@ -297,7 +342,7 @@ def test_a_topics_spark_connection_chooses_where_its_jobs_run(spark_op, monkeypa
 def test_a_local_master_runs_the_executors_on_this_python(spark_op):
     op, calls, _ = spark_op({"conn_type": "spark", "host": "local[2]"})
 
-    op.execute(RETRIED)
+    op.execute({})
 
     [(_, _, _, _, conf)] = calls["submitted"]
     assert conf["spark.pyspark.python"] == conf["spark.pyspark.driver.python"] == sys.executable
@@ -307,7 +352,7 @@ def test_a_local_archive_root_with_a_cluster_master_is_refused_before_any_spark_
     op, calls, _ = spark_op({"conn_type": "spark", "host": "spark://master", "port": 7077})
 
     with pytest.raises(AirflowFailException) as refused:
-        op.execute(RETRIED)
+        op.execute({})
 
     assert not calls["submitted"]
     assert str(refused.value).startswith("LocalStorageOnCluster: archive root file://")
@@ -319,7 +364,7 @@ def test_on_connect_a_permanent_error_fails_without_retries_and_releases_the_ses
     calls["raise"] = Fenced("topic 'orders': a newer attempt claimed token 1")
 
     with pytest.raises(AirflowFailException, match="newer attempt"):
-        op.execute(RETRIED)
+        op.execute({})
     [session] = calls["sessions"]
     assert session.stopped and session.interrupted == session.tags
 
@@ -329,7 +374,7 @@ def test_on_connect_other_errors_stay_retryable_and_release_the_session(spark_op
     calls["raise"] = ConnectionError("Spark Connect server not reachable")
 
     with pytest.raises(ConnectionError):
-        op.execute(RETRIED)
+        op.execute({})
     [session] = calls["sessions"]
     assert session.stopped and session.interrupted == session.tags
 
@@ -338,10 +383,10 @@ def test_on_connect_a_fenced_out_claim_or_an_empty_plan_starts_no_session(spark_
     op, calls, claim = spark_op(CONNECT)
     claim_next(storage)  # a newer attempt claimed the next link: this one is fenced out
     with pytest.raises(AirflowFailException):
-        op.execute(RETRIED)
+        op.execute({})
     empty = Plan(topic="orders", ranges={0: (1, 1)}, capped=False).model_dump(mode="json")
     op, _, _ = spark_op(CONNECT, {"claim": claim.model_dump(mode="json"), "plan": empty})
-    op.execute(RETRIED)
+    op.execute({})
     assert not calls["sessions"] and not calls["runs"] and not calls["submitted"]
 
 
@@ -404,9 +449,9 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
     def broken(topic):
         raise TopicNotConfigured(f"topics.yaml, line 6: topic {topic!r}: codec: bad; fix it")
 
-    monkeypatch.setattr(spark_operator, "find_topic", broken)
+    monkeypatch.setattr(job_inputs, "find_topic", broken)
     with pytest.raises(AirflowFailException, match="line 6: topic 'orders': codec"):
-        op.execute(RETRIED)
+        op.execute({})
     assert not calls["sessions"] and not calls["submitted"]
 
 

@@ -58,6 +58,20 @@ def test_only_spark_tasks_use_the_spark_pool():
     assert others and all(t.pool != SPARK_POOL for t in others)
 
 
+def test_the_archive_task_starts_in_the_triggerer_and_comes_to_a_worker_only_to_resume():
+    """Started in the triggerer, the task takes no slot of the Spark pool; the pool holds it
+    only when a worker resumes it (a retry, an unshared topic, spark-submit, an error)."""
+    cfg = parsing("orders.eu", spark_timeout="45m")
+    archive = archive_dag(cfg).get_task("archive")
+    start = archive.start_trigger_args
+    assert archive.start_from_trigger and start is not None
+    assert start.trigger_cls == "cairn_airflow.triggers.shared_archive.SharedArchiveTrigger"
+    kwargs = {"topic": "orders.eu", "spark_conn_id": "cairn_spark", "plan_task": "plan"}
+    assert start.trigger_kwargs == kwargs and start.timeout == timedelta(minutes=45)
+    assert callable(getattr(archive, start.next_method))
+    assert not rebuild_dag(cfg).get_task("rebuild").start_from_trigger
+
+
 def test_the_archive_dag_runs_on_the_topics_spread_schedule():
     spread_on = archive_dag(parsing("orders.eu", run_on="schedule"))
     assert spread_on.timetable.expression == spread("*/10 * * * *", "orders.eu")

@@ -8,31 +8,23 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook
+from airflow.sdk.definitions.xcom_arg import PlainXComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 import spark_jobs.main
 from cairn.config import REPO, TopicConfig
 from cairn.errors import PERMANENT_EXIT
-from cairn.jobs import ArchiveInput, JobInput, RebuildInput, SealInput, check_shared, to_env
-from cairn.protocol import commit
-from cairn.protocol.plan import Plan
-from cairn.topics_file import find_topic
-from cairn_airflow.failures import fail_fast
-from cairn_airflow.hooks.catalog import catalog
-from cairn_airflow.hooks.connections import (
-    kafka_conf,
-    schema_registries,
-    storage,
-    storage_options,
-)
+from cairn.jobs import JobInput, check_shared, to_env
+from cairn_airflow import job_inputs
+from cairn_airflow.failures import fail, fail_fast
 from cairn_airflow.hooks.spark_connect import Connected, connect_session
 from cairn_airflow.spark_artifact import code_artifact
-from cairn_airflow.triggers.shared_archive import SharedArchiveTrigger
+from cairn_airflow.triggers.shared_archive import start_args
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +36,6 @@ waits in `scheduled` for ever (the local stack and docker-compose.yml create it;
 docs/operating.md, Many topics)."""
 SPARK_JARS_DIR = Path(os.environ.get("CAIRN_JARS_DIR", REPO / ".cairn" / "jars")) / "spark"
 
-Job = Literal["archive", "rebuild", "seal"]
-
 
 class CairnSparkOperator(SparkSubmitOperator):
     """Run one of Cairn's Spark jobs through the Spark connection.
@@ -54,19 +44,23 @@ class CairnSparkOperator(SparkSubmitOperator):
     provider's; host and port of a Spark Connect server) runs `spark_jobs.main.run` in this
     task on a session of that long-lived server: no JVM starts per run; runs of one code
     version share a session with its warm Python workers (`cairn_airflow.hooks.spark_connect`),
-    and a run's work is tagged, so killing the task interrupts that run's work alone. There an
-    archive task's first try defers instead, to a Spark job it shares with the archive runs
-    ready beside it (`share`, `cairn_airflow.triggers.shared_archive`). A `spark` connection (a
-    master URL) spark-submits `spark_jobs/main.py` instead.
+    and a run's work is tagged, so killing the task interrupts that run's work alone. A `spark`
+    connection (a master URL) spark-submits `spark_jobs/main.py` instead.
 
-    Either way the job gets one typed `JobInput` (`cairn.jobs`): the topic's entry with its
-    files, the claim's key (the plan or selection is read from storage by reference), and the
-    settings resolved now, never at DAG parse time (Kafka, storage, Schema Registries, the
-    table's warehouse) — in the task on Spark Connect, in one environment variable for
-    spark-submit, never as arguments that show in process listings. The job's code goes with
-    it as this deployment's artifact (`cairn_airflow.spark_artifact`). The claim is checked
-    before any Spark work: a fenced-out attempt fails without retries and starts none, and a run
-    that only records a position starts none either.
+    An archive task starts in the triggerer, not on a worker, so it waits for no worker and
+    takes no slot of the Spark pool: there its first try on Spark Connect stages in a Spark
+    job shared with the archive runs ready beside it (`cairn_airflow.triggers.shared_archive`).
+    A retried or cleared try, a topic with `share_spark_job: false` and a `spark` connection
+    come to a worker (`resume`), in the pool, and run their job here.
+
+    Either way the job gets one typed `JobInput` (`cairn_airflow.job_inputs`): the topic's entry
+    with its files, the claim's key (the plan or selection is read from storage by reference),
+    and the settings resolved when the task starts, never at DAG parse time (Kafka, storage,
+    Schema Registries, the table's warehouse) — in the process on Spark Connect, in one
+    environment variable for spark-submit, never as arguments that show in process listings.
+    The job's code goes with it as this deployment's artifact (`cairn_airflow.spark_artifact`).
+    The claim is checked before any Spark work: a fenced-out attempt fails without retries and
+    starts none, and a run that only records a position starts none either.
 
     A `spark` connection's extra may hold Cairn's own settings under `cairn`: `python`, the
     executors' Python on the cluster (`spark.pyspark.python`; by default this Python for a
@@ -78,9 +72,12 @@ class CairnSparkOperator(SparkSubmitOperator):
     _connected: Connected | None = None
     """The run's hold on its Spark Connect session while its job runs (for `on_kill`)."""
 
-    def __init__(self, *, job: Job, cfg: TopicConfig, payload: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *, job: job_inputs.Job, cfg: TopicConfig, payload: Any, **kwargs: Any
+    ) -> None:
         """A task of `cfg`'s topic: its Spark connection (`spark_connection`) and its attempts
-        killed after `spark_timeout`."""
+        killed after `spark_timeout`. An archive task whose payload is its plan task's result
+        starts in the triggerer (`start_args`)."""
         super().__init__(
             application=spark_jobs.main.__file__,
             conn_id=cfg.spark_connection or SPARK_CONN_ID,
@@ -93,71 +90,35 @@ class CairnSparkOperator(SparkSubmitOperator):
         self.job = job
         self.topic = cfg.topic
         self.payload = payload
+        if job == "archive" and isinstance(payload, PlainXComArg):
+            self.start_from_trigger = True
+            self.start_trigger_args = start_args(
+                cfg.topic, self._conn_id, payload.operator.task_id, cfg.spark_timeout
+            )
 
     def execute(self, context: Any) -> None:
-        claim = commit.Claim.model_validate(self.payload["claim"])
-        if "plan" in self.payload and Plan.model_validate(self.payload["plan"]).empty:
-            log.info("%s only records a position: no Spark job", claim.label)
-            return
         with fail_fast():
-            cfg = find_topic(self.topic)  # an entry broken since the run started fails here
-            commit.check_live(storage(cfg), claim)
-            job = self.job_input(cfg, claim.key)
+            resolved = job_inputs.resolve(self.job, self.topic, self.payload)
+        if resolved is None:
+            return
+        _, job = resolved
         conn = BaseHook.get_connection(self._conn_id)
-        if conn.conn_type != SparkConnectHook.conn_type:
-            self.submit(job, conn, context)
-        elif (
-            isinstance(job, ArchiveInput) and cfg.share_spark_job and context["ti"].try_number == 1
-        ):
-            self.share(job)
-        else:
+        if conn.conn_type == SparkConnectHook.conn_type:
             self.run_connected(job)
+        else:
+            self.submit(job, conn, context)
 
-    def share(self, job: ArchiveInput) -> None:
-        """Defer to a Spark job shared with the archive runs ready beside this one
-        (`SharedArchiveTrigger`); a retried or cleared task runs a job of its own."""
-        url = SparkConnectHook(self._conn_id).get_connection_url()
-        log.info("archive job shared on the Spark Connect server %s", url.split("/;", 1)[0])
-        self.defer(
-            trigger=SharedArchiveTrigger(url, job.model_dump_json()),
-            method_name="shared_failed",
-            timeout=self.execution_timeout,
-        )
-
-    def shared_failed(self, context: Any, event: dict[str, Any]) -> None:
-        """Resumed only when the shared job staged nothing for this run: its error."""
+    def resume(self, context: Any, event: dict[str, Any]) -> None:
+        """An archive run started in the triggerer comes to a worker: to run its job here, or,
+        when it staged nothing, to raise its error."""
+        if "on_worker" in event:
+            log.info("archive job run by this task: %s", event["on_worker"])
+            self.execute(context)
+            return
         message = f"topic {self.topic!r}: {event['error']}"
         if event["permanent"]:
-            raise AirflowFailException(message)
+            fail(message)
         raise AirflowException(message)
-
-    def job_input(self, cfg: TopicConfig, claim_key: str) -> JobInput:
-        """The job's input, its settings resolved from the connections now."""
-        common: dict[str, Any] = {
-            "topic": cfg.snapshot(),
-            "claim": claim_key,
-            "storage_options": storage_options(cfg, for_spark=True),
-            "artifact": code_artifact().name,
-        }
-        if self.job == "archive":
-            kafka = kafka_conf()
-            kafka.spark_options()  # a setting Spark cannot use fails here, before any job
-            return ArchiveInput(
-                **common,
-                kafka=kafka.settings,
-                kafka_label=kafka.label,
-                registries=schema_registries(cfg),
-            )
-        if self.job == "rebuild":
-            return RebuildInput(**common, registries=schema_registries(cfg))
-        from cairn.table import iceberg  # pyarrow and pyiceberg: only where a task needs them
-
-        found = catalog()
-        return SealInput(
-            **common,
-            table_options=iceberg.storage_options(found) if found else {},
-            table_location=(self.payload.get("table") or {}).get("location"),
-        )
 
     def run_connected(self, job: JobInput) -> None:
         """The job on a session of the connection's Spark Connect server (the job's input,

@@ -1,23 +1,28 @@
 """`SharedArchiveTrigger`: archive runs ready at about the same moment share one Spark job.
 
-On a Spark Connect connection, a run's archive task starts no Spark job of its own: it defers
-to this trigger with its job's input (`cairn.jobs.ArchiveInput`). In the triggerer, the
-triggers of one process queue at one `Batcher` per Spark Connect server, which runs the runs
-that arrived while its previous job ran, and those that arrive within `gather` seconds after
-the first, up to `max_runs` of them, as one Spark job (`spark_jobs.main.run_archives`): one
-read over all their ranges, each run still staging its own attempt, saving its own manifest,
-and committing its own token in its own Airflow run.
+An archive task starts here, in the triggerer (Airflow's `start_from_trigger`), not on a
+worker: it waits for no worker process and takes no slot of the Spark pool. The trigger reads
+the run's plan, checks its claim and resolves its job's input (`cairn_airflow.job_inputs`), as
+a worker would. On a Spark Connect connection, a first try then queues at one `Batcher` per
+Spark Connect server and triggerer process, which runs the runs that arrived while its
+previous job ran, and those that arrive within `gather` seconds after the first, up to
+`max_runs` of them, as one Spark job (`spark_jobs.main.run_archives`): one read over all
+their ranges, each run still staging its own attempt, saving its own manifest, and committing
+its own token in its own Airflow run. The Batcher runs one job at a time: it, not the pool,
+bounds the shared jobs.
 
 Each trigger then ends its task. A run with its manifest succeeds from the triggerer (no
-worker takes the task up again); a run with an error resumes on a worker, which raises it. A
-Spark job that fails as a whole does not say which run caused it, so every run in it fails
-retryably, and a retried task runs a job of its own (`CairnSparkOperator`): a run whose
-records fail (a retention gap, a permanent error) fails only its own run in the end.
+worker takes the task up); a run with an error goes to a worker, which raises it. A Spark job
+that fails as a whole does not say which run caused it, so every run in it fails retryably,
+and a retried or cleared try runs a job of its own on a worker, in the pool
+(`CairnSparkOperator.resume`), as do a topic with `share_spark_job: false` and a `spark`
+(spark-submit) connection: a run whose records fail (a retention gap, a permanent error)
+fails only its own run in the end.
 
-A restarted triggerer starts the triggers again from the database: a run whose job had
-finished finds its manifest; one whose job had not stages again, the same bytes
-(`spark_jobs.archive`). The job's input holds secrets: Airflow stores trigger arguments
-encrypted, and this trigger's `repr` leaves them out.
+A restarted triggerer starts the triggers again from the database, and a run whose job had
+not committed stages again, the same bytes (`spark_jobs.archive`). The trigger's arguments
+name the topic, the Spark connection and the plan task, no secret: the job's input, which
+holds them, stays in the triggerer's memory.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
@@ -131,30 +137,54 @@ def batcher(url: str) -> Batcher:
     return _BATCHERS[url]
 
 
-class SharedArchiveTrigger(BaseTrigger):
-    """Stages one archive run in a Spark job shared with the runs ready beside it."""
+Started = tuple[str, ArchiveInput] | str | None
+"""How an archive run goes on: in a shared job on this Spark Connect server with this input,
+on a worker for this reason, or nowhere (it only records a position)."""
 
-    def __init__(self, url: str, job: str) -> None:
+
+def start_args(topic: str, spark_conn_id: str, plan_task: str, timeout: timedelta) -> Any:
+    """What starts `topic`'s archive task in the triggerer (`start_from_trigger`): this trigger,
+    which reads the run's plan from `plan_task`'s result, and the method a worker resumes."""
+    from airflow.triggers.base import StartTriggerArgs
+
+    return StartTriggerArgs(
+        trigger_cls=f"{__name__}.{SharedArchiveTrigger.__name__}",
+        trigger_kwargs={"topic": topic, "spark_conn_id": spark_conn_id, "plan_task": plan_task},
+        next_method="resume",
+        timeout=timeout,
+    )
+
+
+class SharedArchiveTrigger(BaseTrigger):
+    """Starts one archive task: stages its run in a Spark job shared with the runs ready beside
+    it, or sends it to a worker."""
+
+    def __init__(self, topic: str, spark_conn_id: str, plan_task: str) -> None:
         super().__init__()
-        self.url, self.job = url, job
+        self.topic, self.spark_conn_id, self.plan_task = topic, spark_conn_id, plan_task
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{__name__}.{type(self).__name__}", {"url": self.url, "job": self.job}
-
-    def __repr__(self) -> str:  # the job's input holds secrets
-        return f"<{type(self).__name__} {self.url.split('/;', 1)[0]}>"
+        kwargs = {"topic": self.topic, "spark_conn_id": self.spark_conn_id}
+        return f"{__name__}.{type(self).__name__}", {**kwargs, "plan_task": self.plan_task}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        job = ArchiveInput.model_validate_json(self.job)
-        outcome = await batcher(self.url).archive(job)
+        try:
+            started = await asyncio.to_thread(self._start)
+        except Exception as err:
+            yield _error(err)
+            return
+        if started is None:
+            yield TaskSuccessEvent()
+            return
+        if isinstance(started, str):
+            yield TriggerEvent({"on_worker": started})
+            return
+        url, job = started
+        log.info("archive job shared on the Spark Connect server %s", url.split("/;", 1)[0])
+        outcome = await batcher(url).archive(job)
         if isinstance(outcome, Exception):
             log.error("%s: %s: %s", job.claim, type(outcome).__name__, outcome)
-            yield TriggerEvent(
-                {
-                    "error": f"{type(outcome).__name__}: {outcome}",
-                    "permanent": isinstance(outcome, PermanentError),
-                }
-            )
+            yield _error(outcome)
             return
         read = sum(outcome.records_read.values())
         shared = outcome.spark_job
@@ -167,3 +197,31 @@ class SharedArchiveTrigger(BaseTrigger):
             shared.runs if shared else 1,
         )
         yield TaskSuccessEvent()
+
+    def _start(self) -> Started:
+        """Resolves the run's input, as a worker would (`cairn_airflow.job_inputs`)."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk import BaseHook
+
+        from cairn_airflow.job_inputs import resolve
+
+        ti: Any = self.task_instance
+        resolved = resolve("archive", self.topic, ti.xcom_pull(task_ids=self.plan_task))
+        if resolved is None:
+            return None
+        cfg, job = resolved
+        if ti.try_number > 1:
+            return f"try {ti.try_number}: a retried or cleared run's job is its own"
+        if not cfg.share_spark_job:
+            return "share_spark_job is false"
+        conn = BaseHook.get_connection(self.spark_conn_id)
+        if conn.conn_type != SparkConnectHook.conn_type:
+            return f"connection {self.spark_conn_id!r} is of type {conn.conn_type!r}"
+        assert isinstance(job, ArchiveInput)
+        return SparkConnectHook(self.spark_conn_id).get_connection_url(), job
+
+
+def _error(err: Exception) -> TriggerEvent:
+    return TriggerEvent(
+        {"error": f"{type(err).__name__}: {err}", "permanent": isinstance(err, PermanentError)}
+    )
