@@ -86,13 +86,9 @@ class Part:
     planned: Planned
 
 
-Outcome = manifest.Manifest | Exception
-"""What a job did for one run: its attempt manifest, or why that run got none."""
-
-
 def archive(
     spark: SparkSession, jobs: Sequence[ArchiveInput], tag: str | None = None
-) -> list[Outcome]:
+) -> list[manifest.Outcome]:
     """Read the planned ranges of every run in `jobs` in one Spark job, stage every record, and
     save each run's attempt manifest; one outcome per run, in order.
 
@@ -104,7 +100,7 @@ def archive(
     """
     for key, value in ARROW_CONF.items():
         spark.conf.set(key, value)
-    outcomes: list[Outcome | None] = [None] * len(jobs)
+    outcomes: list[manifest.Outcome | None] = [None] * len(jobs)
     parts: dict[int, Part] = {}
     for i, job in enumerate(jobs):
         try:

@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from cairn.errors import permanent_exit
 from cairn.jobs import ArchiveInput, JobInput, LocalStorageOnCluster, check_shared, from_env
+from cairn.protocol import manifest
 from spark_jobs import archive, rebuild, seal
 
 JOBS: dict[str, Callable[[SparkSession, Any], str]] = {
@@ -38,11 +39,11 @@ def run(spark: SparkSession, job: JobInput) -> str:
 
 def run_archives(
     spark: SparkSession, jobs: Sequence[ArchiveInput], tag: str
-) -> list[archive.Outcome]:
+) -> list[manifest.Outcome]:
     """Archive runs staged by one shared Spark job tagged `tag`; one outcome per run, in order
     (`spark_jobs.archive.archive`). A run refused by `check_shared` is refused alone."""
     master = spark.conf.get("spark.master")
-    outcomes: dict[int, archive.Outcome] = {}
+    outcomes: dict[int, manifest.Outcome] = {}
     for i, job in enumerate(jobs):
         try:
             check_shared(master, job.locations())

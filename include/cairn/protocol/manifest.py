@@ -58,6 +58,10 @@ class Manifest(Versioned):
     spark_job: SparkJob | None = None
 
 
+Outcome = Manifest | Exception
+"""What a Spark job did for one run: its attempt's manifest, or why that run got none."""
+
+
 class VerifyReport(BaseModel):
     counts: Counts
     partitions: dict[int, Counts]

@@ -48,8 +48,7 @@ GATHER_SECONDS = 2.0
 MAX_RUNS = 100
 """The most runs one shared Spark job stages."""
 
-Outcome = manifest.Manifest | Exception
-RunJob = Callable[[Sequence[ArchiveInput], str], list[Outcome]]
+RunJob = Callable[[Sequence[ArchiveInput], str], list[manifest.Outcome]]
 """Runs one Spark job staging every input; its tag is the second argument."""
 
 
@@ -60,7 +59,7 @@ class SharedJobFailed(Exception):
 @dataclass
 class _Waiting:
     job: ArchiveInput
-    outcome: asyncio.Future[Outcome]
+    outcome: asyncio.Future[manifest.Outcome]
 
 
 @dataclass
@@ -73,7 +72,7 @@ class Batcher:
     _waiting: list[_Waiting] = field(default_factory=list)
     _loop: asyncio.Task[None] | None = None
 
-    async def archive(self, job: ArchiveInput) -> Outcome:
+    async def archive(self, job: ArchiveInput) -> manifest.Outcome:
         """Stage `job` in the next shared job; its outcome. Cancelled before its job starts,
         the run leaves the queue (once started, the job goes on for the others)."""
         waiting = _Waiting(job, asyncio.get_running_loop().create_future())
@@ -114,7 +113,7 @@ _BATCHERS: dict[str, Batcher] = {}
 
 
 def _run_on(url: str) -> RunJob:
-    def run(jobs: Sequence[ArchiveInput], tag: str) -> list[Outcome]:
+    def run(jobs: Sequence[ArchiveInput], tag: str) -> list[manifest.Outcome]:
         import spark_jobs.main  # pyspark: only in the process that runs a job
         from cairn_airflow.hooks.spark_connect import connect_session
         from cairn_airflow.spark_artifact import code_artifact
