@@ -205,9 +205,11 @@ def start(monkeypatch, payload: dict, try_number: int = 1) -> tuple[list, list]:
     monkeypatch.setattr(shared_archive.Batcher, "archive", archive)
     monkeypatch.setattr(shared_archive, "_BATCHERS", {})
     trigger = SharedArchiveTrigger("orders", "cairn_spark", "plan")
-    pulls = {"plan": payload}
+    pulls = {"plan": payload}  # pulled by one map index: the triggerer serves no other query
     trigger.task_instance = SimpleNamespace(
-        task_id="archive", try_number=try_number, xcom_pull=lambda task_ids: pulls[task_ids]
+        task_id="archive",
+        try_number=try_number,
+        xcom_pull=lambda task_ids, map_indexes: pulls[task_ids],
     )
 
     async def events():

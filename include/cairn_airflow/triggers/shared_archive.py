@@ -205,7 +205,9 @@ class SharedArchiveTrigger(BaseTrigger):
         from cairn_airflow.job_inputs import resolve
 
         ti: Any = self.task_instance
-        resolved = resolve("archive", self.topic, ti.xcom_pull(task_ids=self.plan_task))
+        # one map index: the triggerer serves a single XCom, not the all-indexes query
+        planned = ti.xcom_pull(task_ids=self.plan_task, map_indexes=-1)
+        resolved = resolve("archive", self.topic, planned)
         if resolved is None:
             return None
         cfg, job = resolved
