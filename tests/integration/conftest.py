@@ -20,13 +20,13 @@ from cairn.jobs import ArchiveInput
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
 from cairn.pipeline import archive_run, rebuild, run_record
-from cairn.protocol import rewind, tokens
+from cairn.protocol import manifest, rewind, tokens
 from cairn.storage.layout import parse_data_key
 from cairn.storage.objects import Storage
 from cairn.topics_file import find_topic
 from cairn_stack import services
 from cairn_stack.settings import StackSettings
-from spark_jobs.archive import Outcome, archive
+from spark_jobs.archive import archive
 from spark_jobs.rebuild import rebuild as rebuild_job
 
 DEMO_SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
@@ -105,7 +105,7 @@ class Archiver:
 
     def stage(
         self, *runs: tuple[TopicConfig, archive_run.Planned], tag: str | None = None
-    ) -> list[Outcome]:
+    ) -> list[manifest.Outcome]:
         """One Spark archive job staging every run of `runs` (a shared job if more than one)."""
         return archive(self.spark, [self.job(cfg, planned) for cfg, planned in runs], tag)
 
