@@ -188,8 +188,13 @@ def check_id(attempt_id: str) -> str:
     return attempt_id
 
 
+def manifests_folder(topic: str) -> str:
+    """Where the manifests of a topic's published attempts are (`manifest_key`)."""
+    return f"_manifests/{check_topic(topic)}/"
+
+
 def manifest_key(topic: str, attempt_id: str) -> str:
-    return f"_manifests/{check_topic(topic)}/{check_id(attempt_id)}.json"
+    return f"{manifests_folder(topic)}{check_id(attempt_id)}.json"
 
 
 def publishing_folder(topic: str) -> str:
