@@ -39,9 +39,11 @@ from cairn.storage.layout import (
     folder_date,
     parse_data_key,
     partitioned_key,
+    token_key,
 )
 from cairn.storage.objects import Storage
 from cairn.topics_file import load_topics
+from tests.leftovers import rewound_publications, unnamed_data_files
 from tests.unit.conftest import archive_records
 
 TOPIC = "orders"
@@ -594,6 +596,25 @@ def test_a_rewind_since_the_selection_makes_the_commit_refuse(tmp_path, storage)
         finish(storage, cfg, chosen, results)
     assert data_files(storage) == before
     assert rebuild_seqs(storage) == []
+
+
+def test_a_rewind_of_a_rebuild_keeps_its_files_the_only_copy_named_by_its_manifest(
+    tmp_path, storage
+):
+    """A rewind takes back positions, not a rebuild: the files the rebuild replaced (below the
+    position, never read again) are gone, so its own files stay, the only parsed copy of their
+    records. A generation bump renames them, so no token names them once a hand rewind deleted
+    the rebuild's token; its published manifest still does (`rewound_publications`)."""
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    done = rebuild(storage, cfg, D2)
+    storage.delete(token_key(TOPIC, done.seq))  # by hand, the newest token
+    archive_records(storage, cfg, at("2024-06-05T01:00"), [rec(0, 11, "2024-06-04T20:00:00Z")])
+
+    assert_exactly_once(storage)
+    unnamed = unnamed_data_files(storage, TOPIC)
+    assert unnamed == {f.key for f in done.files}
+    assert unnamed <= rewound_publications(storage, TOPIC)
 
 
 def test_processing_time_topic_keeps_its_folders(tmp_path, storage):
