@@ -637,7 +637,13 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         tis = fleet_task_instances(api, burst)
         fleet_tis = [ti for ti in tis if ti["dag_id"].startswith(archive_id(PREFIX))]
         archive = [ti for ti in fleet_tis if ti["task_id"] == "archive" and ti["duration"]]
-        pool_tis = fleet_task_instances(api, burst, pool=settings.spark_pool)
+        # a task a worker ran names it; an archive task that started and ended in the
+        # triggerer names none and never took a slot of the pool
+        pool_tis = [
+            ti
+            for ti in fleet_task_instances(api, burst, pool=settings.spark_pool)
+            if ti["hostname"]
+        ]
 
         # scheduled → queued: waiting for a pool slot; queued → start: the executor's start.
         waits = [w for ti in archive if (w := gap(ti, "scheduled_when", "queued_when")) is not None]
@@ -666,6 +672,7 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
             else None,
             "runs": len(runs),
             "tasks_run": len(ran),
+            "tasks_on_workers": len([ti for ti in ran if ti["hostname"]]),
             "task_seconds_per_run": round(sum(ti["duration"] for ti in ran) / max(len(runs), 1), 1),
             "archive_task_seconds": spread([ti["duration"] for ti in archive]),
             "archive_wait_for_slot_seconds": spread(waits),
@@ -746,7 +753,8 @@ def show(r: dict) -> None:
         ("burst → topic caught up", s(r["caught_up_seconds"])),
         (
             "archive runs / tasks run",
-            f"{r['runs']} / {r['tasks_run']} ({r['task_seconds_per_run']} task-seconds per run)",
+            f"{r['runs']} / {r['tasks_run']} ({r['task_seconds_per_run']} task-seconds per run; "
+            f"{r['tasks_on_workers']} on workers, the rest in the triggerer)",
         ),
         (
             "Spark jobs / runs with records",
