@@ -146,11 +146,9 @@ def start_args(topic: str, spark_conn_id: str, plan_task: str, timeout: timedelt
     which reads the run's plan from `plan_task`'s result, and the method a worker resumes."""
     from airflow.triggers.base import StartTriggerArgs
 
+    path, kwargs = SharedArchiveTrigger(topic, spark_conn_id, plan_task).serialize()
     return StartTriggerArgs(
-        trigger_cls=f"{__name__}.{SharedArchiveTrigger.__name__}",
-        trigger_kwargs={"topic": topic, "spark_conn_id": spark_conn_id, "plan_task": plan_task},
-        next_method="resume",
-        timeout=timeout,
+        trigger_cls=path, trigger_kwargs=kwargs, next_method="resume", timeout=timeout
     )
 
 
@@ -163,8 +161,11 @@ class SharedArchiveTrigger(BaseTrigger):
         self.topic, self.spark_conn_id, self.plan_task = topic, spark_conn_id, plan_task
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        kwargs = {"topic": self.topic, "spark_conn_id": self.spark_conn_id}
-        return f"{__name__}.{type(self).__name__}", {**kwargs, "plan_task": self.plan_task}
+        return f"{__name__}.{type(self).__name__}", {
+            "topic": self.topic,
+            "spark_conn_id": self.spark_conn_id,
+            "plan_task": self.plan_task,
+        }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
