@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from pyiceberg.table import Table
 
-from cairn.pipeline import rebuild, seal
 from cairn.protocol import tokens
 from cairn.storage.layout import (
     attempts_folder,
     data_prefixes,
-    manifests_folder,
     parse_data_key,
     publishing_folder,
 )
 from cairn.storage.objects import Storage
 from cairn.table.offset_index import POINTER
+from cairn.views.finder import ArchiveIndex
 
 
 def staging(storage: Storage, topic: str) -> list[str]:
@@ -31,25 +30,13 @@ def unnamed_data_files(storage: Storage, topic: str) -> set[str]:
 
 
 def rewound_publications(storage: Storage, topic: str) -> set[str]:
-    """Data files a rebuild or seal published before a rewind deleted its token.
-
-    A rewind takes back positions only: what such a commit replaced lies below the position and
-    is gone for good, so its files are the only parsed copy of their records and stay (until a
-    rebuild or seal of their date replaces them). Its manifest, moved into `_manifests/` only
-    when it publishes, names them.
-    """
-    standing = {t.attempt_id for t in tokens.list_tokens(storage, topic)}
-    found: set[str] = set()
-    for key in storage.list(manifests_folder(topic)):
-        attempt = key.rsplit("/", 1)[1].removesuffix(".json")
-        if attempt in standing:
-            continue
-        if attempt.startswith("r-"):
-            found |= {f.key for f in rebuild.load_attempt(storage, key).files}
-        elif attempt.startswith("s-"):
-            done = seal.load_attempt(storage, key)
-            found |= {f.key for folder in done.folders for f in folder.files}
-    return found
+    """Data files a rebuild or seal published before a rewind deleted its token: the only copy
+    of their records, which stay (`ArchiveIndex.rewound`)."""
+    index = ArchiveIndex(storage, topic)
+    found = {f.key for r in index.rebuilds() if r.seq is None for f in r.files}
+    return found | {
+        f.key for s in index.seals() if s.seq is None for folder in s.folders for f in folder.files
+    }
 
 
 def table_leftovers(table: Table, location: Storage) -> set[str]:

@@ -12,7 +12,7 @@ import pytest
 from cairn.config import TopicConfig
 from cairn.datafiles.writer import KafkaRecord, write_partition
 from cairn.pipeline import archive_run
-from cairn.protocol import commit
+from cairn.protocol import commit, rewind
 from cairn.protocol.plan import Plan
 from cairn.protocol.tokens import ArchivePayload, Kind, Token
 from cairn.storage.objects import Storage
@@ -94,7 +94,8 @@ def archive_records(
     """One committed archive run of `records`, as `cairn.pipeline.archive_run` drives it but without
     Kafka.
 
-    Settle and claim the next token with a `Planned` body, stage every partition's files with
+    Settle and claim the next token with a `Planned` body (replacing the rewound files its ranges
+    read again, as the planner does), stage every partition's files with
     `write_partition`, save and verify the manifest against the staging area, then commit through
     `cairn.pipeline.archive_run.commit_archive` (the one commit site). Returns the token.
     """
@@ -108,6 +109,7 @@ def archive_records(
         p: (base.get(p, 0), rs[-1].offset + 1) for p, rs in by_partition.items()
     }
     planned_plan = Plan(topic=topic, ranges=ranges, capped=False)
+    replaces = rewind.supersedes(rewind.survey(storage, topic, base), ranges)
 
     def made(claim: commit.Claim) -> archive_run.Planned:
         return archive_run.Planned(
@@ -117,6 +119,7 @@ def archive_records(
             topic_id=None,
             plan=planned_plan,
             planned_at=processing_time,
+            replaces=replaces,
         )
 
     claim = commit.claim(

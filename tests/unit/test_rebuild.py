@@ -43,6 +43,9 @@ from cairn.storage.layout import (
 )
 from cairn.storage.objects import Storage
 from cairn.topics_file import load_topics
+from cairn.views import finder
+from cairn.views.audit import audit_date
+from cairn.views.finder import ArchiveIndex
 from tests.leftovers import rewound_publications, unnamed_data_files
 from tests.unit.conftest import archive_records
 
@@ -615,6 +618,36 @@ def test_a_rewind_of_a_rebuild_keeps_its_files_the_only_copy_named_by_its_manife
     unnamed = unnamed_data_files(storage, TOPIC)
     assert unnamed == {f.key for f in done.files}
     assert unnamed <= rewound_publications(storage, TOPIC)
+
+
+@pytest.mark.parametrize("runs", [1, 2])
+def test_find_and_the_audit_follow_a_rebuild_whose_token_a_rewind_took_back(
+    tmp_path, storage, runs
+):
+    """`tokens rewind --count N` takes the rebuild token above the runs with it. The rebuild's
+    files below the position stay, the only copy of their records; with 2 runs back, one of them
+    is at the position, so the run reading its offsets again replaces it. Every record is found
+    in the file that holds it now, and every date audits clean."""
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    done = rebuild(storage, cfg, D2)
+    rewind.rewind(storage, cfg, None, count=runs)
+    for when, records in RUNS[-runs:]:
+        archive_records(storage, cfg, when + timedelta(days=3), records)
+
+    assert_exactly_once(storage)
+    index = ArchiveIndex(storage, TOPIC)
+    by = set()
+    for r in (r for _, records in RUNS for r in records):
+        found = index.find(r.partition, r.offset)
+        if r.value is not None:  # a tombstone has no parsed copy
+            where = finder.coordinates(found.output.kind, found.output_record)
+            assert where == (r.partition, r.offset)
+            by.add(found.output.by)
+    assert f"rebuild {done.token.attempt_id} (its token rewound)" in by
+    for day in (D1, D2, D3, D4, LATE):
+        checked = audit_date(storage, cfg, day)
+        assert checked.ok, [checked.problems, [(f.key, f.problems) for f in checked.files]]
 
 
 def test_processing_time_topic_keeps_its_folders(tmp_path, storage):

@@ -302,6 +302,28 @@ def test_a_rewind_into_a_sealed_date_keeps_the_sealed_records_and_the_cli_refuse
     assert kept and planned.adopted
 
 
+def test_find_and_the_audit_follow_a_seal_whose_token_a_rewind_took_back(tmp_path, storage):
+    """A hand rewind over a seal token keeps the sealed files (the files they replaced are gone):
+    the date's records below the position are found in them, and the date audits clean."""
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    complete_through(storage, D3)
+    records = day_records(storage, D2)
+    sealed(storage, cfg, D2)
+    seal_token = commit.newest(storage, TOPIC)
+    rewind.rewind(storage, cfg, None, count=1)  # by hand: the last run and the seal above it
+    position = commit.newest(storage, TOPIC).next_offsets
+    index = ArchiveIndex(storage, TOPIC)
+
+    below = [(p, o) for _, p, o in records if o < position[p]]
+    assert below and all(
+        index.find(p, o).output.by == f"seal {seal_token.attempt_id} (its token rewound)"
+        for p, o in below
+    )
+    checked = audit.audit_date(storage, cfg, D2)
+    assert checked.ok, [checked.problems, [(f.key, f.problems) for f in checked.files]]
+
+
 def test_the_overview_shows_per_date_whether_it_is_sealed_and_its_files_before(tmp_path, storage):
     cfg = config(tmp_path, reseal_files=5)
     build_archive(storage, cfg)

@@ -134,7 +134,7 @@ def claim(
             kind=kind,
             seq=seq,
             k=k,
-            attempt_id=f"{_PREFIX[kind]}-{seq:012d}-{k:06d}-{secrets.token_hex(3)}",
+            attempt_id=f"{id_prefix(kind)}{seq:012d}-{k:06d}-{secrets.token_hex(3)}",
             run_id=run_id,
             base_seq=base.seq if base else 0,
             base_created_at=base.created_at if base else None,
@@ -149,6 +149,11 @@ def claim(
         except ObjectExists:
             continue  # another planner took this k at the same moment: take the next one
     raise Fenced(f"topic {topic!r}: could not claim {kind} token {seq} in {_TRIES} tries")
+
+
+def id_prefix(kind: Kind) -> str:
+    """How the ids of `kind`'s attempts begin (their manifests sort together)."""
+    return f"{_PREFIX[kind]}-"
 
 
 def load_claim(storage: Storage, topic: str, attempt_id: str) -> Claim | None:

@@ -8,7 +8,9 @@ files whose span holds the offset are opened (a run that adopted rewound files a
 finds them in the backup folder). A rebuild replaces a date's partitioned and quarantine files;
 its token lists the files it removed and its manifest the files it wrote, with the backup files it
 re-derived from, so what a key holds now is decided by the newest of the writes and removals that
-name it. A seal does the same with a date's files (`cairn.pipeline.seal`): its manifest says, per
+name it. A rewind that deletes a rebuild's or seal's token leaves its files, the only copy of their
+records (docs/protocol.md): its published manifest and its claim still say what it wrote and
+removed, and the run that reads rewound offsets again lists the files it replaced in its token. A seal does the same with a date's files (`cairn.pipeline.seal`): its manifest says, per
 folder, which backup files' offsets its sealed files hold, and each sealed file's header which of
 them it holds itself, so a record is found in its sealed file by reading headers and that file.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import fastavro
 from pydantic import BaseModel, ValidationError
@@ -32,14 +34,19 @@ from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.seal_writer import FolderResult, SealedFile
 from cairn.datafiles.sealed_file import sources_of
 from cairn.pipeline.rebuild import day_files, load_attempt
+from cairn.pipeline.rebuild import load_claimed as load_rebuild_claim
 from cairn.pipeline.seal import load_attempt as load_seal
-from cairn.protocol import manifest, rewind, tokens
+from cairn.pipeline.seal import load_claimed as load_seal_claim
+from cairn.protocol import commit, manifest, rewind, tokens
+from cairn.protocol.commit import Claim
 from cairn.protocol.manifest import Manifest
+from cairn.protocol.tokens import Kind
 from cairn.storage.layout import (
     DataFile,
     DataKind,
     legacy_rebuilds_folder,
     link_seq,
+    manifests_folder,
     parse_data_key,
 )
 from cairn.storage.objects import Storage
@@ -89,25 +96,39 @@ class FoundRecord:
     output_record: dict[str, Any] | None
 
 
-class Rebuild(BaseModel):
+class Publication(BaseModel):
+    """A rebuild's or seal's publication: what it removed, and which link committed it."""
+
+    what: ClassVar[str]
+    seq: int | None
+    """Its token; None once a rewind deleted the token (`attempt_id` then names it)."""
+    attempt_id: str | None = None
+    created_at: datetime
+    removed: list[str]
+
+    @property
+    def by(self) -> str:
+        """`rebuild 3`, `seal 14`, or `rebuild r-…` for one whose token a rewind deleted."""
+        if self.seq is None:
+            return f"{self.what} {self.attempt_id} (its token rewound)"
+        return f"{self.what} {self.seq}"
+
+
+class Rebuild(Publication):
     """What a rebuild wrote and removed (a rebuild token, or a link of the `_rebuilds/` chain
     that rebuilds committed to before they joined the token chain)."""
 
-    seq: int
-    created_at: datetime
+    what = "rebuild"
     dates: list[date]
     sources: list[str]
     files: list[FileEntry]
-    removed: list[str]
 
 
-class Sealing(BaseModel):
+class Sealing(Publication):
     """What a seal wrote (per folder, with the backup offsets it holds) and removed."""
 
-    seq: int
-    created_at: datetime
+    what = "seal"
     folders: list[FolderResult]
-    removed: list[str]
 
     def wrote(self, key: str) -> SealedFile | None:
         return next((f for folder in self.folders for f in folder.files if f.key == key), None)
@@ -163,7 +184,8 @@ class ArchiveIndex:
         return self._manifests[token.manifest]
 
     def rebuilds(self) -> list[Rebuild]:
-        """Every rebuild of the topic, oldest first (the rebuild tokens, and the older chain)."""
+        """Every rebuild of the topic, oldest first: the rebuild tokens, the older chain, and
+        those whose token a rewind deleted (their files stay, see `rewound`)."""
         if self._rebuilds is None:
             legacy = self.storage.list_after(legacy_rebuilds_folder(self.topic), "")
             found = [r for key in legacy if (r := _legacy_rebuild(self.storage, key))]
@@ -171,19 +193,48 @@ class ArchiveIndex:
                 token = self.token(seq)
                 if token.kind != "rebuild" or token.rebuilt is None or token.manifest is None:
                     continue
-                written = load_attempt(self.storage, token.manifest).files
                 found.append(
                     Rebuild(
                         seq=seq,
+                        attempt_id=token.attempt_id,
                         created_at=token.created_at,
                         dates=token.rebuilt.dates,
                         sources=token.rebuilt.sources,
-                        files=written,
+                        files=load_attempt(self.storage, token.manifest).files,
                         removed=token.replaces,
+                    )
+                )
+            for key, claim in self.rewound("rebuild"):
+                chosen = load_rebuild_claim(self.storage, claim.key)
+                written = load_attempt(self.storage, key)
+                found.append(
+                    Rebuild(
+                        seq=None,
+                        attempt_id=claim.attempt_id,
+                        created_at=written.created_at,
+                        dates=chosen.dates,
+                        sources=[s.key for s in chosen.sources],
+                        files=written.files,
+                        removed=sorted(k for s in chosen.sources for k in s.files),
                     )
                 )
             self._rebuilds = sorted(found, key=lambda r: r.created_at)
         return self._rebuilds
+
+    def rewound(self, kind: Kind) -> Iterator[tuple[str, Claim]]:
+        """(manifest key, claim) of each rebuild or seal that published (its manifest moved to
+        `_manifests/` only then) and whose token a rewind deleted since. A rewind takes back
+        positions, not what such a commit replaced, so its files stay, the only copy of their
+        records below the position (docs/protocol.md); the finder and the audit count them."""
+        standing = {self.token(seq).attempt_id for seq in self.seqs}
+        folder = manifests_folder(self.topic)
+        for key in self.storage.list_after(folder, "", beginning=commit.id_prefix(kind)):
+            attempt_id = key.rsplit("/", 1)[-1].removesuffix(".json")
+            if attempt_id in standing:
+                continue
+            claim = commit.load_claim(self.storage, self.topic, attempt_id)
+            if claim is not None and claim.kind == kind:
+                yield key, claim
 
     def covering(self, partition: int, offset: int) -> tokens.Token | None:
         """The token whose run read past `offset` first: the oldest with next offset > it."""
@@ -229,26 +280,38 @@ class ArchiveIndex:
         return [e for e in entries if e is not None]
 
     def seals(self) -> list[Sealing]:
-        """Every seal of the topic, oldest first."""
+        """Every seal of the topic, oldest first (and those whose token a rewind deleted)."""
         if self._seals is None:
-            self._seals = []
+            found = []
             for seq in self.seqs:
                 token = self.token(seq)
                 if token.kind == "seal" and token.manifest is not None:
-                    attempt = load_seal(self.storage, token.manifest)
-                    self._seals.append(
+                    found.append(
                         Sealing(
                             seq=seq,
+                            attempt_id=token.attempt_id,
                             created_at=token.created_at,
-                            folders=attempt.folders,
+                            folders=load_seal(self.storage, token.manifest).folders,
                             removed=token.replaces,
                         )
                     )
+            for key, claim in self.rewound("seal"):
+                written = load_seal(self.storage, key)
+                found.append(
+                    Sealing(
+                        seq=None,
+                        attempt_id=claim.attempt_id,
+                        created_at=written.created_at,
+                        folders=written.folders,
+                        removed=sorted(load_seal_claim(self.storage, claim.key).versions()),
+                    )
+                )
+            self._seals = sorted(found, key=lambda s: s.created_at)
         return self._seals
 
     def entry(self, key: str) -> Located | None:
         """What the history says `key` holds now; None if nothing committed it, or a later
-        rebuild or seal removed it."""
+        rebuild, seal or re-read of rewound offsets removed it."""
         named = parse_data_key(key)
         if named is None or named.topic != self.topic:
             return None
@@ -256,23 +319,24 @@ class ArchiveIndex:
         if named.partition is not None and named.first_offset is not None:  # not sealed
             token = self.covering(named.partition, named.first_offset)
             found = self.manifest(token) if token else None
-            if token is not None and found is not None:
-                at, by = token.created_at, f"token {token.seq}"
-                events += [(at, Located(e, by, at)) for e in found.files if e.key == key]
+            written = [e for e in found.files if e.key == key] if found else []
+            if token is not None and written:
+                at = token.created_at
+                events.append((at, Located(written[0], f"token {token.seq}", at)))
+            elif token is not None and key in token.replaces:  # a rewound file, read again
+                events.append((token.created_at, None))
         if named.kind != "backup":  # rebuilds and seals replace partitioned and quarantine files
             for r in self.rebuilds():
-                written = [e for e in r.files if e.key == key]
-                if written:
-                    events.append(
-                        (r.created_at, Located(written[0], f"rebuild {r.seq}", r.created_at))
-                    )
+                if rebuilt := next((e for e in r.files if e.key == key), None):
+                    events.append((r.created_at, Located(rebuilt, r.by, r.created_at)))
                 elif key in r.removed:
                     events.append((r.created_at, None))
             for sealing in self.seals():
                 if sealed := sealing.wrote(key):
                     entry = SealedEntry(key, named.kind, sealed.records, sealed.bytes)
-                    located = Located(entry, f"seal {sealing.seq}", sealing.created_at)
-                    events.append((sealing.created_at, located))
+                    events.append(
+                        (sealing.created_at, Located(entry, sealing.by, sealing.created_at))
+                    )
                 elif key in sealing.removed:
                     events.append((sealing.created_at, None))
         return max(events, key=lambda ev: ev[0])[1] if events else None
