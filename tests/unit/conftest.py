@@ -90,25 +90,29 @@ def archive_records(
     processing_time: datetime,
     records: Iterable[KafkaRecord],
     run_id: str = "run",
+    adopted: dict[int, tuple[int, int]] | None = None,
 ) -> Token:
     """One committed archive run of `records`, as `cairn.pipeline.archive_run` drives it but without
     Kafka.
 
     Settle and claim the next token with a `Planned` body (replacing the rewound files its ranges
-    read again, as the planner does), stage every partition's files with
-    `write_partition`, save and verify the manifest against the staging area, then commit through
-    `cairn.pipeline.archive_run.commit_archive` (the one commit site). Returns the token.
+    read again, and keeping those of the rewound offsets `adopted`, as the planner does), stage
+    every partition's files with `write_partition`, save and verify the manifest against the
+    staging area, then commit through `cairn.pipeline.archive_run.commit_archive` (the one commit
+    site). Returns the token.
     """
     topic = cfg.topic
     previous = commit.settle(storage, topic)
     base = previous.next_offsets if previous else {}
+    kept = adopted or {}
+    start = base | {p: end for p, (_, end) in kept.items()}
     by_partition: dict[int, list[KafkaRecord]] = {}
     for r in records:
         by_partition.setdefault(r.partition, []).append(r)
-    ranges = {p: (start, start) for p, start in base.items()} | {
-        p: (base.get(p, 0), rs[-1].offset + 1) for p, rs in by_partition.items()
+    ranges = {p: (first, first) for p, first in start.items()} | {
+        p: (start.get(p, 0), rs[-1].offset + 1) for p, rs in by_partition.items()
     }
-    planned_plan = Plan(topic=topic, ranges=ranges, capped=False)
+    planned_plan = Plan(topic=topic, ranges=ranges, capped=False, adopted=kept)
     replaces = rewind.supersedes(rewind.survey(storage, topic, base), ranges)
 
     def made(claim: commit.Claim) -> archive_run.Planned:

@@ -650,6 +650,28 @@ def test_find_and_the_audit_follow_a_rebuild_whose_token_a_rewind_took_back(
         assert checked.ok, [checked.problems, [(f.key, f.problems) for f in checked.files]]
 
 
+def test_find_and_the_audit_follow_files_a_run_adopted_after_a_rewind(tmp_path, storage):
+    """A run that cannot read rewound offsets again (retention) keeps their files as they are:
+    their records are found in them, named by the adopting token, and every date audits clean."""
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    rewind.rewind(storage, cfg, None, count=1)  # by hand: the last run (p0 8..10, p1 6)
+    when, records = RUNS[2]
+    again = archive_records(
+        storage, cfg, when, [r for r in records if r.partition == 1], adopted={0: (8, 11)}
+    )
+
+    assert_exactly_once(storage)
+    index = ArchiveIndex(storage, TOPIC)
+    for r in records:
+        found = index.find(r.partition, r.offset).output
+        assert found is not None and found.by.startswith(f"token {again.seq}")
+        assert found.by.endswith("(adopted)") == (r.partition == 0)
+    for day in (D1, D2, D3, D4, LATE):
+        checked = audit_date(storage, cfg, day)
+        assert checked.ok, [checked.problems, [(f.key, f.problems) for f in checked.files]]
+
+
 def test_processing_time_topic_keeps_its_folders(tmp_path, storage):
     build_archive(storage, config(tmp_path, time_source="processing", event_time=None))
     cfg = config(tmp_path, time_source="processing", event_time=None, generation=2)

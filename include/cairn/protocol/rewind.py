@@ -235,17 +235,25 @@ def rewind(
     return deleted
 
 
-def entry_of(storage: Storage, f: DataFile) -> FileEntry | None:
-    """What the attempt that wrote backup file `f` (named in its header) recorded of it."""
+def written_by(storage: Storage, f: DataFile) -> manifest.Manifest | None:
+    """The manifest of the archive run that wrote `f`: a backup file names that run in its
+    header (`cairn.attempt`), a parsed or quarantine file names its backup file (`cairn.source`).
+    None when they do not (a rebuild's file), or the manifest is gone."""
     try:
         meta = read_metadata(storage.read_head(f.key, _HEADER_BYTES))
+        source = meta.get("cairn.source")
+        if f.kind != "backup" and source:
+            meta = read_metadata(storage.read_head(source, _HEADER_BYTES))
         attempt = meta.get("cairn.attempt")
-        if attempt:
-            found = manifest.load(storage, manifest_key(f.topic, attempt))
-            return next((e for e in found.files if e.key == f.key), None)
+        return manifest.load(storage, manifest_key(f.topic, attempt)) if attempt else None
     except (FileNotFoundError, EOFError, ValueError, manifest.CorruptManifest):
-        pass
-    return None
+        return None
+
+
+def entry_of(storage: Storage, f: DataFile) -> FileEntry | None:
+    """What the archive run that wrote `f` recorded of it (`written_by`)."""
+    found = written_by(storage, f)
+    return next((e for e in found.files if e.key == f.key), None) if found else None
 
 
 def _last(storage: Storage, f: DataFile) -> int:

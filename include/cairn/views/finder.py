@@ -1,18 +1,20 @@
 """Finding a topic's records and files by Kafka coordinates or by date, reading only what is needed.
 
-The token chain is ordered by position: per partition, each token's `next_offsets` is at least
-its predecessor's. So a binary search over the chain finds the run that read an offset (a few
-token reads however long the history), and that run's manifest names the backup file holding the
-offset and the partitioned and quarantine files its records went to, with their offset spans: only
-files whose span holds the offset are opened (a run that adopted rewound files after a rewind
-finds them in the backup folder). A rebuild replaces a date's partitioned and quarantine files;
-its token lists the files it removed and its manifest the files it wrote, with the backup files it
-re-derived from, so what a key holds now is decided by the newest of the writes and removals that
-name it. A rewind that deletes a rebuild's or seal's token leaves its files, the only copy of their
-records (docs/protocol.md): its published manifest and its claim still say what it wrote and
-removed, and the run that reads rewound offsets again lists the files it replaced in its token. A seal does the same with a date's files (`cairn.pipeline.seal`): its manifest says, per
-folder, which backup files' offsets its sealed files hold, and each sealed file's header which of
-them it holds itself, so a record is found in its sealed file by reading headers and that file.
+The token chain is ordered by position: per partition, each token's `next_offsets` is at least its
+predecessor's. So a binary search over the chain finds the run that read an offset (a few token
+reads however long the history), and that run's manifest names the backup file holding the offset
+and the partitioned and quarantine files its records went to, with their offset spans: only files
+whose span holds the offset are opened (a run that adopted rewound files after a rewind finds them
+in the backup folder). A rebuild replaces a date's partitioned and quarantine files; its token lists
+the files it removed and its manifest the files it wrote, with the backup files it re-derived from,
+so what a key holds now is decided by the newest of the writes and removals that name it. A rewind
+that deletes a rebuild's or seal's token leaves its files, the only copy of their records
+(docs/protocol.md): its published manifest and its claim still say what it wrote and removed, and
+the run that reads rewound offsets again lists the files it replaced in its token (one that could
+not read them again adopted them, and their run's manifest, named in their headers, describes them).
+A seal does the same with a date's files (`cairn.pipeline.seal`): its manifest says, per folder,
+which backup files' offsets its sealed files hold, and each sealed file's header which of them it
+holds itself, so a record is found in its sealed file by reading headers and that file.
 
 The CLI and the overview page ask the same questions through `ArchiveIndex`, which reads each
 token and manifest at most once.
@@ -265,7 +267,8 @@ class ArchiveIndex:
                     and e.last_offset >= start
                     and e.first_offset < end
                 ):
-                    yield Located(e, f"token {token.seq}", token.created_at)
+                    kept = " (adopted)" if _adopts(token, e) else ""
+                    yield Located(e, f"token {token.seq}{kept}", token.created_at)
             if token.next_offsets.get(partition, 0) >= end:
                 return
 
@@ -325,6 +328,10 @@ class ArchiveIndex:
                 events.append((at, Located(written[0], f"token {token.seq}", at)))
             elif token is not None and key in token.replaces:  # a rewound file, read again
                 events.append((token.created_at, None))
+            elif token is not None and _adopts(token, named):
+                kept = rewind.entry_of(self.storage, named)
+                at = token.created_at
+                events += [(at, Located(kept, f"token {token.seq} (adopted)", at))] if kept else []
         if named.kind != "backup":  # rebuilds and seals replace partitioned and quarantine files
             for r in self.rebuilds():
                 if rebuilt := next((e for e in r.files if e.key == key), None):
@@ -379,6 +386,10 @@ class ArchiveIndex:
         token = self.covering(partition, offset)
         found = self.manifest(token) if token else None
         keys = {e.key for e in found.files if e.kind != "backup"} if found else set()
+        named = parse_data_key(backup.key)
+        if token is not None and named is not None and _adopts(token, named):
+            kept = rewind.written_by(self.storage, named)
+            keys |= {e.key for e in kept.files if e.kind != "backup"} if kept else set()
         keys |= {e.key for r in self.rebuilds() if backup.key in r.sources for e in r.files}
         for sealing in self.seals():
             keys |= set(sealing.holding(backup.key, partition, offset))
@@ -402,6 +413,13 @@ class ArchiveIndex:
             s.source == source and s.partition == partition and s.first <= offset <= s.last
             for s in spans
         )
+
+
+def _adopts(token: tokens.Token, f: DataFile | FileEntry) -> bool:
+    """Whether `token` kept run file `f` as it was: rewound offsets it could not read again."""
+    first = f.first_offset
+    span = token.adopted.get(f.partition) if f.partition is not None else None
+    return span is not None and first is not None and span[0] <= first < span[1]
 
 
 def _legacy_rebuild(storage: Storage, key: str) -> Rebuild | None:
