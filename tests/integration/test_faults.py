@@ -8,11 +8,12 @@ that move records across midnight and raise or lower the generation.
 
 After every step the archive, as the next step sees it (`cairn.protocol.commit.settle`), holds each
 Kafka record below the newest token exactly once in backup and once in partitioned-or-quarantine,
-verbatim, except records Kafka's retention deleted while the archive did not hold them; no
-record is ever in the data folders twice, and no gap is recorded for a record the archive holds.
-After catching up, the data folders match Kafka. Runs for topics starting at `earliest` and at
-`latest`. `CAIRN_FAULT_SEEDS` and `CAIRN_FAULT_STEPS` widen the search; a failure names the
-seed, the step and the history to replay it.
+verbatim, except records Kafka's retention deleted while the archive did not hold them; no record is
+ever in the data folders twice, and no gap is recorded for a record the archive holds. After
+catching up, the data folders match Kafka, every date audits clean and records are found where they
+are. Runs for topics starting at `earliest` and at `latest`. `CAIRN_FAULT_SEEDS` and
+`CAIRN_FAULT_STEPS` widen the search; a failure names the seed, the step and the history to replay
+it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ from cairn.storage.objects import Storage
 from cairn.table import iceberg
 from cairn.table.catalog import TableTarget
 from cairn.table.iceberg import IcebergCatalog
+from cairn.views import finder
+from cairn.views.audit import audit_date
+from cairn.views.finder import ArchiveIndex
 from cairn_stack import services
 from cairn_stack.demo import create_topic
 from spark_jobs.rebuild import rebuild as rebuild_job
@@ -62,6 +66,7 @@ STEPS = int(os.environ.get("CAIRN_FAULT_STEPS", "100"))
 S3_STEPS = int(os.environ.get("CAIRN_FAULT_S3_STEPS", "40"))  # each step costs more requests
 CLUSTER_STEPS = int(os.environ.get("CAIRN_FAULT_CLUSTER_STEPS", "12"))  # each job goes over RPC
 PARTITIONS, MAX_PARTITIONS = 2, 3
+FOUND_SAMPLE = 40  # records looked up with `find` at the end (each reads a few objects)
 CONFIGS = (  # the "fixes": Tokyo moves evening events to the next date; generations 1, 2, 10
     "",
     "timezone: Asia/Tokyo\n",
@@ -640,6 +645,22 @@ class Scenario:
             left = table_leftovers(self.catalog.load_table(self.table.identifier), files)
             assert not left, f"table files no snapshot refers to: {sorted(left)[:5]}"
 
+    def check_findable(self) -> None:
+        """Every date audits clean against the history (each file as the commit that wrote it
+        says, none missing), and records the archive holds are found where they are: verbatim in
+        backup and in the parsed or quarantine file holding them now."""
+        for day in self._dates():
+            checked = audit_date(self.storage, self.cfg, day)
+            bad = [(f.key, f.problems) for f in checked.files if f.problems]
+            assert checked.ok, f"{day} audits with problems: {checked.problems[:3]} {bad[:3]}"
+        index = ArchiveIndex(self.storage, self.topic)
+        held = sorted(read_data_folders(self.storage, self.topic).backup)
+        for p, o in self.rng.sample(held, min(FOUND_SAMPLE, len(held))):
+            found = index.find(p, o)
+            assert found.record["value"] == self.kafka.records[p, o], f"find {p}/{o}: wrong value"
+            assert found.output is not None, f"find {p}/{o}: no parsed or quarantine copy"
+            assert finder.coordinates(found.output.kind, found.output_record) == (p, o)
+
     def sealed_any(self) -> bool:
         return any(t.kind == "seal" for t in tokens.list_tokens(self.storage, self.topic))
 
@@ -788,6 +809,7 @@ def random_faults(
         scenario.check(caught_up=True)
         scenario.history.append(scenario.sweep_everything())
         scenario.check_nothing_left()
+        scenario.check_findable()
     except Exception as err:
         replay = "\n".join(scenario.history[-40:])
         pytest.fail(f"{label} failed: {type(err).__name__}: {err}\n{replay}")

@@ -626,14 +626,16 @@ def test_find_and_the_audit_follow_a_rebuild_whose_token_a_rewind_took_back(
 ):
     """`tokens rewind --count N` takes the rebuild token above the runs with it. The rebuild's
     files below the position stay, the only copy of their records; with 2 runs back, one of them
-    is at the position, so the run reading its offsets again replaces it. Every record is found
-    in the file that holds it now, and every date audits clean."""
-    build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    done = rebuild(storage, cfg, D2)
-    rewind.rewind(storage, cfg, None, count=runs)
-    for when, records in RUNS[-runs:]:
-        archive_records(storage, cfg, when + timedelta(days=3), records)
+    is at the position, so the run reading its offsets again replaces it, and rewinding that run
+    too leaves no token saying so. Every record is found in the file that holds it now, and every
+    date audits clean."""
+    cfg = config(tmp_path)
+    build_archive(storage, cfg)
+    done = rebuild(storage, config(tmp_path, generation=2), D2)
+    for again in (3, 4):  # generation 1 again; the second time, the token that replaced it goes
+        rewind.rewind(storage, cfg, None, count=runs)
+        for when, records in RUNS[-runs:]:
+            archive_records(storage, cfg, when + timedelta(days=again), records)
 
     assert_exactly_once(storage)
     index = ArchiveIndex(storage, TOPIC)

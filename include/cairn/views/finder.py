@@ -216,7 +216,7 @@ class ArchiveIndex:
                         created_at=written.created_at,
                         dates=chosen.dates,
                         sources=[s.key for s in chosen.sources],
-                        files=written.files,
+                        files=[f for f in written.files if self.storage.exists(f.key)],
                         removed=sorted(k for s in chosen.sources for k in s.files),
                     )
                 )
@@ -227,7 +227,9 @@ class ArchiveIndex:
         """(manifest key, claim) of each rebuild or seal that published (its manifest moved to
         `_manifests/` only then) and whose token a rewind deleted since. A rewind takes back
         positions, not what such a commit replaced, so its files stay, the only copy of their
-        records below the position (docs/protocol.md); the finder and the audit count them."""
+        records below the position (docs/protocol.md); the finder and the audit count them while
+        they are there (a run that read their offsets again replaced some, and a rewind since may
+        have deleted the token that said so)."""
         standing = {self.token(seq).attempt_id for seq in self.seqs}
         folder = manifests_folder(self.topic)
         for key in self.storage.list_after(folder, "", beginning=commit.id_prefix(kind)):
@@ -305,7 +307,14 @@ class ArchiveIndex:
                         seq=None,
                         attempt_id=claim.attempt_id,
                         created_at=written.created_at,
-                        folders=written.folders,
+                        folders=[
+                            folder.model_copy(
+                                update={
+                                    "files": [f for f in folder.files if self.storage.exists(f.key)]
+                                }
+                            )
+                            for folder in written.folders
+                        ],
                         removed=sorted(load_seal_claim(self.storage, claim.key).versions()),
                     )
                 )
