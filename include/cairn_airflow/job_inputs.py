@@ -27,22 +27,31 @@ Job = Literal["archive", "rebuild", "seal"]
 
 
 def resolve(job: Job, topic: str, payload: dict[str, Any]) -> tuple[TopicConfig, JobInput] | None:
-    """The topic's entry and its job's input; None when the run only records a position (no
-    Spark job). The claim is checked first: a fenced-out attempt, or an entry broken since the
-    run started, raises here, before any Spark work."""
+    """The topic's entry and its job's input (`checked`, then `job_input`); None when the run
+    only records a position (no Spark job)."""
+    cfg = checked(topic, payload)
+    return None if cfg is None else (cfg, job_input(job, cfg, payload))
+
+
+def checked(topic: str, payload: dict[str, Any]) -> TopicConfig | None:
+    """The topic's entry once the run's claim is checked; None when the run only records a
+    position. A fenced-out attempt, or an entry broken since the run started, raises here,
+    before any Spark work."""
     claim = commit.Claim.model_validate(payload["claim"])
     if "plan" in payload and Plan.model_validate(payload["plan"]).empty:
         log.info("%s only records a position: no Spark job", claim.label)
         return None
     cfg = find_topic(topic)
     commit.check_live(storage(cfg), claim)
-    return cfg, _job_input(job, cfg, claim.key, payload)
+    return cfg
 
 
-def _job_input(job: Job, cfg: TopicConfig, claim_key: str, payload: dict[str, Any]) -> JobInput:
+def job_input(job: Job, cfg: TopicConfig, payload: dict[str, Any]) -> JobInput:
+    """What the Spark job needs: the entry, the claim's key, the settings of the connections
+    as they are now, and the code artifact's name."""
     common: dict[str, Any] = {
         "topic": cfg.snapshot(),
-        "claim": claim_key,
+        "claim": commit.Claim.model_validate(payload["claim"]).key,
         "storage_options": storage_options(cfg, for_spark=True),
         "artifact": code_artifact().name,
     }

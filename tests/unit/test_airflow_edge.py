@@ -244,11 +244,17 @@ def test_a_retry_an_unshared_topic_or_spark_submit_comes_to_a_worker_to_run_alon
         alone = job_inputs.find_topic("orders").model_copy(update={"share_spark_job": False})
         monkeypatch.setattr(job_inputs, "find_topic", lambda topic: alone)
 
+    inputs: list = []
+    resolving = job_inputs.job_input
+    monkeypatch.setattr(job_inputs, "job_input", lambda *a: inputs.append(a) or resolving(*a))
+
     [event], queued = start(monkeypatch, op.payload, try_number=2 if why == "retried" else 1)
 
     assert not queued and "on_worker" in event.payload, event
+    assert not inputs  # the worker resolves the job's input, once
     op.resume({}, event.payload)  # on the worker, in the Spark pool
     assert len(calls["submitted"] if why == "spark-submit" else calls["runs"]) == 1
+    assert len(inputs) == 1
 
 
 def test_in_the_triggerer_a_fenced_claim_fails_for_good_and_an_empty_plan_ends_the_task(

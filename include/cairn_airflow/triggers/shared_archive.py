@@ -2,8 +2,8 @@
 
 An archive task starts here, in the triggerer (Airflow's `start_from_trigger`), not on a
 worker: it waits for no worker process and takes no slot of the Spark pool. The trigger reads
-the run's plan, checks its claim and resolves its job's input (`cairn_airflow.job_inputs`), as
-a worker would. On a Spark Connect connection, a first try then queues at one `Batcher` per
+the run's plan and checks its claim (`cairn_airflow.job_inputs`), as a worker would. On a Spark
+Connect connection, a first try then resolves its job's input and queues at one `Batcher` per
 Spark Connect server and triggerer process, which runs the runs that arrived while its
 previous job ran, and those that arrive within `gather` seconds after the first, up to
 `max_runs` of them, as one Spark job (`spark_jobs.main.run_archives`): one read over all
@@ -199,19 +199,19 @@ class SharedArchiveTrigger(BaseTrigger):
         yield TaskSuccessEvent()
 
     def _start(self) -> Started:
-        """Resolves the run's input, as a worker would (`cairn_airflow.job_inputs`)."""
+        """Checks the run's claim as a worker would (`cairn_airflow.job_inputs`), then resolves
+        its job's input only if it shares a job: a worker resolves its own."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.sdk import BaseHook
 
-        from cairn_airflow.job_inputs import resolve
+        from cairn_airflow.job_inputs import checked, job_input
 
         ti: Any = self.task_instance
         # one map index: the triggerer serves a single XCom, not the all-indexes query
         planned = ti.xcom_pull(task_ids=self.plan_task, map_indexes=-1)
-        resolved = resolve("archive", self.topic, planned)
-        if resolved is None:
+        cfg = checked(self.topic, planned)
+        if cfg is None:
             return None
-        cfg, job = resolved
         if ti.try_number > 1:
             return f"try {ti.try_number}: a retried or cleared run's job is its own"
         if not cfg.share_spark_job:
@@ -219,6 +219,7 @@ class SharedArchiveTrigger(BaseTrigger):
         conn = BaseHook.get_connection(self.spark_conn_id)
         if conn.conn_type != SparkConnectHook.conn_type:
             return f"connection {self.spark_conn_id!r} is of type {conn.conn_type!r}"
+        job = job_input("archive", cfg, planned)
         assert isinstance(job, ArchiveInput)
         return SparkConnectHook(self.spark_conn_id).get_connection_url(), job
 
