@@ -133,9 +133,9 @@ def unfinished_fleet_runs(api: AirflowAPI) -> list[dict]:
 # --- the topics file ------------------------------------------------------------------------
 
 
-def add_topics(path: Path, names: list[str], schedule: str, max_delay: float | None) -> bytes:
-    """Append an entry per topic to the topics file, run on `schedule`, or when records wait
-    with `max_delay` seconds (not None); returns the file's original bytes to restore."""
+def add_topics(path: Path, settings: dict[str, dict[str, Any]]) -> bytes:
+    """Append an entry per topic to the topics file, with its own `settings` (how it runs:
+    `run_settings`); returns the file's original bytes to restore."""
     original = path.read_bytes()
     data = yaml.safe_load(original) or {}
     entries = data.setdefault("topics", [])
@@ -148,13 +148,9 @@ def add_topics(path: Path, names: list[str], schedule: str, max_delay: float | N
             "format": "json",
             "schema": str(SCHEMA),
             "event_time": {"field": "ts", "encoding": "iso8601"},
-            **(
-                {"run_on": "schedule", "schedule": schedule}
-                if max_delay is None
-                else {"run_on": "records", "max_delay": f"{max_delay:g}s"}
-            ),
+            **more,
         }
-        for name in names
+        for name, more in settings.items()
     ]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     loaded = load_topics(path)
@@ -162,6 +158,13 @@ def add_topics(path: Path, names: list[str], schedule: str, max_delay: float | N
         path.write_bytes(original)
         raise SystemExit(f"the fleet's entries do not load: {loaded.errors[:3]}")
     return original
+
+
+def run_settings(schedule: str, max_delay: float | None) -> dict[str, Any]:
+    """An entry's keys to run on `schedule`, or when records wait `max_delay` seconds (not None)."""
+    if max_delay is None:
+        return {"run_on": "schedule", "schedule": schedule}
+    return {"run_on": "records", "max_delay": f"{max_delay:g}s"}
 
 
 def fleet_configs(path: Path) -> dict[str, TopicConfig]:
@@ -187,9 +190,15 @@ def end_offsets(bootstrap: str, names: list[str]) -> dict[str, dict[int, int]]:
         consumer.close()
 
 
+def open_storage(cfg: TopicConfig) -> Storage:
+    """The topic's archive root: a folder, or the stack's S3 server (SeaweedFS)."""
+    options = services.s3_options(StackSettings()) if cfg.root.scheme == "s3" else {}
+    return Storage(cfg.root.storage_url, **options)
+
+
 def drop_archive(cfgs: dict[str, TopicConfig]) -> None:
     for topic, cfg in cfgs.items():
-        storage = Storage(cfg.root.storage_url)
+        storage = open_storage(cfg)
         for folder in (*ARCHIVE_KINDS, *STATE_DIRS):
             storage.delete_prefix(f"{folder}/{topic}")
         storage.delete(f"_complete/{topic}.json")
@@ -477,7 +486,7 @@ def wait_caught_up(
     deadline = time.monotonic() + timeout
     while len(done) < len(ends) and time.monotonic() < deadline:
         for topic in sorted(set(ends) - set(done)):
-            token = commit.newest(Storage(cfgs[topic].root.storage_url), topic)
+            token = commit.newest(open_storage(cfgs[topic]), topic)
             if token is not None and all(
                 token.next_offsets.get(p, 0) >= end for p, end in ends[topic].items()
             ):
@@ -485,12 +494,15 @@ def wait_caught_up(
         time.sleep(5)  # the time is the token's, so polling more often gains nothing
 
 
-def spark_jobs(cfgs: dict[str, TopicConfig], topics: list[str], since: datetime) -> dict[str, int]:
+def spark_jobs(
+    cfgs: dict[str, TopicConfig], topics: list[str], since: datetime, limit: int = 50
+) -> dict[str, int]:
     """The Spark jobs that staged the fleet's runs committed since `since` (from each run
-    record's `spark_job`: runs of one shared job have one tag; a run without one, its own)."""
+    record's `spark_job`: runs of one shared job have one tag; a run without one, its own),
+    among each topic's newest `limit` runs."""
     tags: list[str] = []
     for topic in topics:
-        for record in run_record.recent(Storage(cfgs[topic].root.storage_url), topic):
+        for record in run_record.recent(open_storage(cfgs[topic]), topic, limit):
             if record.committed_at >= since and record.counts.read:
                 tags.append(record.spark_job.tag if record.spark_job else record.run_id)
     return {"runs_with_records": len(tags), "spark_jobs": len(set(tags))}
@@ -571,7 +583,7 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         .topics
     )
     result["max_delay"] = max_delay = args.max_delay if args.fire == "records" else None
-    original = add_topics(path, names, args.schedule, max_delay)
+    original = add_topics(path, {n: run_settings(args.schedule, max_delay) for n in names})
     cfgs = fleet_configs(path)
     try:
         drop_archive({t: c for t, c in cfgs.items() if t not in existing})  # a fresh topic's
