@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -192,8 +193,12 @@ def end_offsets(bootstrap: str, names: list[str]) -> dict[str, dict[int, int]]:
 
 def open_storage(cfg: TopicConfig) -> Storage:
     """The topic's archive root: a folder, or the stack's S3 server (SeaweedFS)."""
-    options = services.s3_options(StackSettings()) if cfg.root.scheme == "s3" else {}
-    return Storage(cfg.root.storage_url, **options)
+    return _root(cfg.root.storage_url, cfg.root.scheme == "s3")
+
+
+@functools.cache
+def _root(url: str, s3: bool) -> Storage:
+    return Storage(url, **(services.s3_options(StackSettings()) if s3 else {}))
 
 
 def drop_archive(cfgs: dict[str, TopicConfig]) -> None:

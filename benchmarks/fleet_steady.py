@@ -222,11 +222,13 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         found, missing = delays(storage_of, result.pop("samples"))
         result["freshness_seconds"] = {
             g.name: {
-                "samples": len(each := [d for t in names if groups[t] is g for d in found[t]]),
+                "samples": len(
+                    each := [d for t in names if groups[t] is g for d in found.get(t, [])]
+                ),
                 "p50": pct(each, 0.5),
                 "p95": pct(each, 0.95),
                 "max": max(each) if each else None,
-                "not_archived": sum(missing[t] for t in names if groups[t] is g),
+                "not_archived": sum(missing.get(t, 0) for t in names if groups[t] is g),
             }
             for g in GROUPS
         }
