@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -513,6 +514,25 @@ def spark_jobs(
     return {"runs_with_records": len(tags), "spark_jobs": len(set(tags))}
 
 
+def restore(
+    path: Path,
+    original: bytes,
+    api: AirflowAPI,
+    settings: StackSettings,
+    names: list[str],
+    cfgs: dict[str, TopicConfig],
+    keep: bool,
+) -> list[str]:
+    """Restore the topics file byte for byte, then `cleanup`; returns its notes (never raises:
+    a failed cleanup must not hide the measurement)."""
+    path.write_bytes(original)
+    say(f"{path} restored; cleaning up")
+    try:
+        return cleanup(api, settings, names, cfgs, keep)
+    except Exception as err:
+        return [f"cleanup failed: {type(err).__name__}: {err}"]
+
+
 def cleanup(
     api: AirflowAPI,
     settings: StackSettings,
@@ -714,12 +734,7 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         }
         return result
     finally:
-        path.write_bytes(original)
-        say(f"{path} restored; cleaning up")
-        try:
-            result["cleanup_notes"] = cleanup(api, settings, names, cfgs, args.keep)
-        except Exception as err:  # never hide the measurement behind a failed cleanup
-            result["cleanup_notes"] = [f"cleanup failed: {type(err).__name__}: {err}"]
+        result["cleanup_notes"] = restore(path, original, api, settings, names, cfgs, args.keep)
 
 
 def show(r: dict) -> None:
@@ -856,6 +871,16 @@ def main() -> None:
         default=900,
         help="seconds to wait for the new DAGs' first runs before the burst",
     )
+    run(parser, measure, show)
+
+
+def run(
+    parser: argparse.ArgumentParser,
+    measured: Callable[[argparse.Namespace, StackSettings, AirflowAPI], dict],
+    shown: Callable[[dict], None],
+) -> None:
+    """Measure on the running stack with the arguments of `parser` (and `--keep`, `--json`),
+    then print the result."""
     parser.add_argument(
         "--keep", action="store_true", help="keep the topics, archive and DAG metadata"
     )
@@ -865,11 +890,11 @@ def main() -> None:
     # reports; at any time the topics file is restored and the fleet cleaned up.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = StackSettings()
-    result = measure(args, settings, AirflowAPI(settings))
+    result = measured(args, settings, AirflowAPI(settings))
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        show(result)
+        shown(result)
 
 
 if __name__ == "__main__":

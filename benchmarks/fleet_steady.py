@@ -27,9 +27,7 @@ fleet. At the end it restores the topics file and deletes what it created (as `f
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import signal
 import threading
 import time
 from collections import Counter, defaultdict
@@ -42,7 +40,6 @@ from fleet import (
     PREFIX,
     Sampler,
     add_topics,
-    cleanup,
     cpu_snapshot,
     drop_archive,
     end_offsets,
@@ -50,6 +47,8 @@ from fleet import (
     fleet_task_instances,
     open_storage,
     pct,
+    restore,
+    run,
     run_settings,
     say,
     spark_jobs,
@@ -234,12 +233,7 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         }
         return result
     finally:
-        path.write_bytes(original)
-        say(f"{path} restored; cleaning up")
-        try:
-            result["cleanup_notes"] = cleanup(api, settings, names, cfgs, args.keep)
-        except Exception as err:  # never hide the measurement behind a failed cleanup
-            result["cleanup_notes"] = [f"cleanup failed: {type(err).__name__}: {err}"]
+        result["cleanup_notes"] = restore(path, original, api, settings, names, cfgs, args.keep)
 
 
 def steady(
@@ -353,16 +347,7 @@ def main() -> None:
     parser.add_argument("--schedule", default="*/10 * * * *", help="--run-on schedule: the cron")
     parser.add_argument("--drain-timeout", type=float, default=900, help="seconds to catch up")
     parser.add_argument("--parse-timeout", type=float, default=1800, help="seconds to parse DAGs")
-    parser.add_argument("--keep", action="store_true", help="keep the topics, archive and DAGs")
-    parser.add_argument("--json", action="store_true", help="the result as JSON on stdout")
-    args = parser.parse_args()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    settings = StackSettings()
-    result = measure(args, settings, AirflowAPI(settings))
-    if args.json:
-        print(json.dumps(result, indent=2, default=str))
-    else:
-        show(result)
+    run(parser, measure, show)
 
 
 if __name__ == "__main__":
