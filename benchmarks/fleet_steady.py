@@ -7,11 +7,11 @@ topics (0.1: 1, 9 and 90) where the machine cannot hold them all; `--run-on sche
 topic on a cron instead (`--schedule`), today's design before `run_on: records`, for the
 comparison in the same sitting.
 
-Needs the running local stack (`make up` first). The fleet's topics are archived to the stack's
-S3 server (SeaweedFS), whose own counters give the object-storage requests. Steps: create the
-topics and their entries (as `fleet.py`), wait for the DAG processor to parse their DAGs, then
-produce at each group's rate for `--minutes`, then wait until every topic's token covers what was
-produced (`--drain-timeout`).
+Needs the running local stack (`make up` first). The fleet's topics are archived to the stack's S3
+server (SeaweedFS), whose own counters give the object-storage requests. Steps: create the topics
+and their entries (as `fleet.py`), wait for the DAG processor to parse their DAGs and for the runs
+Airflow starts for new DAGs to end, then produce at each group's rate for `--minutes`, then wait
+until every topic's token covers what was produced (`--drain-timeout`).
 
 Freshness: one record a second per topic is sampled as delivered (its Kafka timestamp, partition
 and offset); its delay is the commit time of the first token covering it minus that timestamp.
@@ -27,6 +27,7 @@ fleet. At the end it restores the topics file and deletes what it created (as `f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import threading
 import time
@@ -55,6 +56,7 @@ from fleet import (
     stack_processes,
     wait_caught_up,
     wait_for_fleet_dags,
+    wait_settled,
 )
 from requests_per_run import s3_requests
 
@@ -216,7 +218,10 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
             create_topic(settings.bootstrap_servers, topic, partitions=1)
         say(f"{len(names)} topics created and configured in {path}; waiting for the DAGs")
         result["parse_seconds"] = round(wait_for_fleet_dags(api, names, args.parse_timeout), 1)
-        say(f"DAGs parsed in {result['parse_seconds']} s; producing for {args.minutes} min")
+        say(f"DAGs parsed in {result['parse_seconds']} s; waiting for their first runs to end")
+        with contextlib.suppress(TimeoutError):  # new DAGs' first runs are not the load's
+            result["settle_seconds"] = round(wait_settled(api, 900, min_wait=30)[0], 1)
+        say(f"producing for {args.minutes} min")
         result |= steady(args, settings, api, groups, cfgs)
         found, missing = delays(storage_of, result.pop("samples"))
         result["freshness_seconds"] = {
@@ -288,6 +293,10 @@ def steady(
         "s3_requests": requests,
     }
     return {
+        "task_instances_by_dag_kind": dict(Counter(ti["dag_id"].split("__")[0] for ti in tis)),
+        "archive_task_instances_by_task": dict(
+            Counter(ti["task_id"] for ti in tis if ti["dag_id"].startswith("archive__"))
+        ),
         "samples": load.samples,
         "window_seconds": round(window, 1),
         "records": archived,
@@ -322,6 +331,8 @@ def show(r: dict) -> None:
             f"({f['samples']} samples, {f['not_archived']} not archived)"
         )
     print(f"  records: {r['records']}; parse of the fleet's DAGs: {r['parse_seconds']} s")
+    print(f"  task instances by DAG kind: {r['task_instances_by_dag_kind']}")
+    print(f"  archive task instances by task: {r['archive_task_instances_by_task']}")
     for key, total in r["totals"].items():
         print(
             f"  {key:<26} {total:>8}  {r['per_hour'][key]:>9} /h  "
