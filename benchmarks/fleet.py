@@ -523,28 +523,23 @@ def restore(
     cfgs: dict[str, TopicConfig],
     keep: bool,
 ) -> list[str]:
-    """Restore the topics file byte for byte, then `cleanup`; returns its notes (never raises:
-    a failed cleanup must not hide the measurement)."""
+    """Restore the topics file byte for byte, then (unless `keep`) delete the fleet's topics,
+    archive, DAG metadata and Variables. Best effort, never raising (a failed cleanup must not
+    hide the measurement); returns what could not be done."""
     path.write_bytes(original)
     say(f"{path} restored; cleaning up")
+    if keep:
+        return []
     try:
-        return cleanup(api, settings, names, cfgs, keep)
+        return _remove(api, settings, names, cfgs)
     except Exception as err:
         return [f"cleanup failed: {type(err).__name__}: {err}"]
 
 
-def cleanup(
-    api: AirflowAPI,
-    settings: StackSettings,
-    names: list[str],
-    cfgs: dict[str, TopicConfig],
-    keep: bool,
+def _remove(
+    api: AirflowAPI, settings: StackSettings, names: list[str], cfgs: dict[str, TopicConfig]
 ) -> list[str]:
-    """Delete the fleet's topics, archive, DAG metadata and Variables (the topics file is
-    restored before). Best effort; returns what could not be done."""
     notes: list[str] = []
-    if keep:
-        return notes
     ids = [dag_id(kind, t) for t in names for kind in ("archive", "rebuild")]
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:  # the DAG processor must drop them first
