@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 import fastavro
 from pydantic import BaseModel, ValidationError
@@ -53,6 +53,8 @@ from cairn.storage.layout import (
 )
 from cairn.storage.objects import Storage
 from cairn.topics_file import LoadResult
+
+F = TypeVar("F", FileEntry, SealedFile)
 
 
 class NotArchived(LookupError):
@@ -216,7 +218,7 @@ class ArchiveIndex:
                         created_at=written.created_at,
                         dates=chosen.dates,
                         sources=[s.key for s in chosen.sources],
-                        files=[f for f in written.files if self.storage.exists(f.key)],
+                        files=self._there(written.files),
                         removed=sorted(k for s in chosen.sources for k in s.files),
                     )
                 )
@@ -239,6 +241,10 @@ class ArchiveIndex:
             claim = commit.load_claim(self.storage, self.topic, attempt_id)
             if claim is not None and claim.kind == kind:
                 yield key, claim
+
+    def _there(self, files: list[F]) -> list[F]:
+        """Those of a rewound publication's `files` still in the data folders (`rewound`)."""
+        return [f for f in files if self.storage.exists(f.key)]
 
     def covering(self, partition: int, offset: int) -> tokens.Token | None:
         """The token whose run read past `offset` first: the oldest with next offset > it."""
@@ -308,12 +314,8 @@ class ArchiveIndex:
                         attempt_id=claim.attempt_id,
                         created_at=written.created_at,
                         folders=[
-                            folder.model_copy(
-                                update={
-                                    "files": [f for f in folder.files if self.storage.exists(f.key)]
-                                }
-                            )
-                            for folder in written.folders
+                            f.model_copy(update={"files": self._there(f.files)})
+                            for f in written.folders
                         ],
                         removed=sorted(load_seal_claim(self.storage, claim.key).versions()),
                     )
