@@ -1,8 +1,9 @@
 """Randomized fault injection against real Kafka and Spark: a seeded sequence of steps mixing
 produce (committed and aborted transactions, poison records), whole runs, crashes after the Spark
 job / after verify / halfway through publishing, two attempts interleaved at every step boundary
-(with a zombie still writing), attempts and rebuilds interrupted at a random step boundary —
-inside the commit too, before and after the token's create — by a hand rewind, a CLI rewind,
+(with a zombie still writing), attempts, rebuilds and seals interrupted at a random step
+boundary — inside the commit too, before and after the token's create, and for rebuilds and
+seals halfway through publishing, then retried — by a hand rewind, a CLI rewind,
 Kafka's retention, another run, another plan, an added partition or a rebuild; and config changes
 that move records across midnight and raise or lower the generation.
 
@@ -73,6 +74,8 @@ CONFIGS = (  # the "fixes": Tokyo moves evening events to the next date; generat
     "generation: 2\n",
     "generation: 10\ntimezone: Asia/Tokyo\n",
 )
+COMMIT_POINTS = ("select", "spark", "before create", "after create", "mid publish")
+"""Where a rebuild or seal is interrupted (`Scenario._interrupted_commit`)."""
 STEPS_OF_AN_ATTEMPT = ("plan", "clean", "spark", "verify", "before create", "after create", "done")
 INTERFERENCE = (
     "rewind",
@@ -539,7 +542,7 @@ class Scenario:
     def interrupted_rebuild(self) -> str:
         """A rebuild with something else happening at a random step boundary (module doc)."""
         days = self._chosen_dates()
-        at = self.rng.choice(("select", "spark", "before create", "after create"))
+        at = self.rng.choice(COMMIT_POINTS)
         what = self.rng.choice(INTERFERENCE)
         if not days:
             return "interrupted rebuild: no dates"
@@ -552,10 +555,9 @@ class Scenario:
             rebuild_job(self.archiver.spark, chosen, self.cfg, self.archiver.options)
             if at == "spark":
                 self.interfere(what)
-            hooked = self.hooked()
-            if at in ("before create", "after create"):
-                hooked.hooks[at] = lambda: self.interfere(what)
-            rebuild.commit_rebuild(hooked, self.cfg, chosen)
+            self._interrupted_commit(
+                at, what, lambda s: rebuild.commit_rebuild(s, self.cfg, chosen)
+            )
         except ABANDONED as err:
             return f"interrupted rebuild {days}: {what} at {at}: {type(err).__name__}"
         return f"interrupted rebuild {days}: {what} at {at}: committed"
@@ -580,7 +582,7 @@ class Scenario:
     def interrupted_seal(self) -> str:
         """A seal with something else happening at a random step boundary (module doc)."""
         days = self._chosen_dates()[:1]
-        at = self.rng.choice(("select", "spark", "before create", "after create"))
+        at = self.rng.choice(COMMIT_POINTS)
         what = self.rng.choice(INTERFERENCE)
         if not days:
             return "interrupted seal: no dates"
@@ -594,13 +596,30 @@ class Scenario:
             self.seal_job(chosen)
             if at == "spark":
                 self.interfere(what)
-            hooked = self.hooked()
-            if at in ("before create", "after create"):
-                hooked.hooks[at] = lambda: self.interfere(what)
-            seal.finish_seal(hooked, self.cfg, chosen, self.catalog)
+            self._interrupted_commit(
+                at, what, lambda s: seal.finish_seal(s, self.cfg, chosen, self.catalog)
+            )
         except ABANDONED as err:
             return f"interrupted seal {days[0]}: {what} at {at}: {type(err).__name__}"
         return f"interrupted seal {days[0]}: {what} at {at}: committed"
+
+    def _interrupted_commit(self, at: str, what: str, finish: Callable[[Storage], object]) -> None:
+        """A rebuild's or seal's commit task (`finish`) with `what` happening at `at` inside it;
+        at "mid publish" the task dies having moved some files, `what` happens (a rewind may
+        delete its token), then the task's retry."""
+        hooked = self.hooked()
+        if at in ("before create", "after create"):
+            hooked.hooks[at] = lambda: self.interfere(what)
+        if at != "mid publish":
+            finish(hooked)
+            return
+        hooked.hooks["after create"] = lambda: setattr(hooked, "moves", self.rng.randint(0, 3))
+        try:
+            finish(hooked)
+        except ConnectionError:
+            self.history.append("   ... the commit task died mid publish")
+        self.interfere(what)
+        finish(self.storage)
 
     def check_table(self) -> None:
         """Every sealed date's table partition holds its sealed records, each once."""

@@ -30,7 +30,7 @@ from cairn.pipeline.rebuild import (
     select,
     verify_rebuild,
 )
-from cairn.protocol import commit, rewind, tokens
+from cairn.protocol import commit, leftovers, rewind, tokens
 from cairn.protocol.commit import Conflict
 from cairn.protocol.manifest import VerificationFailed
 from cairn.storage.layout import (
@@ -618,6 +618,55 @@ def test_a_rewind_of_a_rebuild_keeps_its_files_the_only_copy_named_by_its_manife
     unnamed = unnamed_data_files(storage, TOPIC)
     assert unnamed == {f.key for f in done.files}
     assert unnamed <= rewound_publications(storage, TOPIC)
+
+
+@pytest.mark.parametrize("then", ["retried", "swept"])
+@pytest.mark.parametrize("cut", ["move", "delete"])
+def test_a_publication_a_rewind_cut_short_is_finished_never_left_with_records_twice(
+    tmp_path, storage, monkeypatch, cut, then
+):
+    """The commit task dies halfway through publishing a rebuild (some new files moved in, or
+    every one and some old files deleted), then a hand rewind deletes its token. The retry is
+    refused (the rebuild is stale) or the attempt is swept once over; either way the
+    publication is finished first, as if it had completed before the rewind: each record in one
+    file, every record found, every date audits clean."""
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    save_attempt(storage, chosen, rebuild_all(storage, cfg, chosen))
+    real = getattr(storage, cut)
+    left = [1]
+
+    def dies(*args) -> None:
+        if not left:
+            raise OSError("the commit task died")
+        left.pop()
+        real(*args)
+
+    monkeypatch.setattr(storage, cut, dies)
+    with pytest.raises(OSError):
+        commit_rebuild(storage, cfg, chosen)
+    monkeypatch.undo()
+    newest = tokens.seqs(storage, TOPIC)[-1]
+    storage.delete(token_key(TOPIC, newest))  # by hand, the newest token: the rebuild's
+
+    if then == "retried":
+        with pytest.raises(Conflict):
+            commit_rebuild(storage, cfg, chosen)
+    else:
+        later = chosen.claim.due + timedelta(seconds=1)  # over: past its deadline
+        assert leftovers.sweep(storage, TOPIC, now=later) == [chosen.claim.attempt_id]
+
+    assert storage.list("_attempts/") == [] and storage.list("_publishing/") == []
+    assert_exactly_once(storage)
+    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
+    index = ArchiveIndex(storage, TOPIC)
+    for r in (r for _, records in RUNS for r in records if r.value is not None):
+        found = index.find(r.partition, r.offset)
+        assert finder.coordinates(found.output.kind, found.output_record) == (r.partition, r.offset)
+    for day in (D1, D2, D3, D4, LATE):
+        checked = audit_date(storage, cfg, day)
+        assert checked.ok, [checked.problems, [(f.key, f.problems) for f in checked.files]]
 
 
 @pytest.mark.parametrize("runs", [1, 2])

@@ -341,6 +341,12 @@ class Pending(BaseModel):
     seq: PositiveInt | None = None
     at: datetime | None = None
     """When it was written (None: a mark written before Cairn recorded it)."""
+    token: Token | None = None
+    """The token it creates: what its publication moves and deletes, even once a rewind deleted
+    the token (None: a mark written before Cairn recorded it)."""
+    publishing: bool = False
+    """Set before a publication that replaces files moves its first file: its token was created,
+    so the publication is finished, never left half done (`finish_rewound`)."""
 
 
 def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Token:
@@ -349,7 +355,8 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
     Safe to retry at any point: a token that already names this attempt is success, and its
     publication is finished (`prepare`, which checks the attempt's work and says what to
     change, runs only when it has not committed yet). Raises Fenced or Conflict (nothing
-    changed, and no pending mark of it left) if a requirement fails or its claim was withdrawn.
+    changed, and no pending mark of it left) if a requirement fails or its claim was withdrawn;
+    Conflict too once it finished a publication of it that a rewind cut short (`finish_rewound`).
     """
     done = committed(storage, claim)
     if done is not None:
@@ -357,6 +364,13 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
         publish(storage, done)
         return done
     _check_held(storage, claim)  # a withdrawn attempt's staging may be gone: say so first
+    cut = finish_rewound(storage, claim.topic, claim.attempt_id)
+    if cut is not None:
+        raise Conflict(
+            f"{claim.label}: its token {cut.seq} was deleted (a rewind) while it was being "
+            "published; its publication is now finished, as a commit that published before the "
+            "rewind, and nothing more is committed"
+        )
     change = prepare()
     replaces = sorted(set(change.replaces) - set(change.adds))
     mark = pending_key(claim.topic, claim.attempt_id)
@@ -382,7 +396,9 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
             run_id=claim.run_id,
             created_at=datetime.now(UTC),
         )
-        pending = Pending(attempt_id=claim.attempt_id, seq=token.seq, at=datetime.now(UTC))
+        pending = Pending(
+            attempt_id=claim.attempt_id, seq=token.seq, at=datetime.now(UTC), token=token
+        )
         storage.write(mark, pending.model_dump_json().encode())
         try:
             _check_held(storage, claim)  # after the mark: see cairn.protocol.leftovers
@@ -428,10 +444,14 @@ def publish(storage: Storage, token: Token) -> None:
         return
     marker = pending_key(token.topic, token.attempt_id)
     prefix = attempt_prefix(token.topic, token.attempt_id)
-    if not storage.exists(marker):
+    mark = pending_mark(storage, token.topic, token.attempt_id)
+    if mark is None:
         if token.base_created_at is None:  # written before Cairn 0.2 (see _finish_legacy)
             _finish_legacy(storage, prefix)
         return  # published: the mark goes only once every file was checked in place
+    if token.replaces and not mark.publishing:
+        began = Pending(**{**dict(mark), "token": token, "publishing": True})
+        storage.write(marker, began.model_dump_json().encode())
     problems = []
     for key, size in sorted(token.adds.items()):
         try:
@@ -456,6 +476,43 @@ def publish(storage: Storage, token: Token) -> None:
         storage.delete(key)
     storage.delete_prefix(prefix)  # before the mark: staging without a mark was never committed
     storage.delete(marker)
+
+
+def pending_mark(storage: Storage, topic: str, attempt_id: str) -> Pending | None:
+    """The attempt's pending mark, if it has one."""
+    try:
+        raw = storage.read(pending_key(topic, attempt_id))
+    except FileNotFoundError:
+        return None
+    try:
+        return Pending.model_validate_json(raw)
+    except (ValidationError, ValueError):
+        return Pending(attempt_id=attempt_id)  # a mark of an older Cairn: its bare attempt id
+
+
+def finish_rewound(storage: Storage, topic: str, attempt_id: str) -> Token | None:
+    """Finish a publication that replaces files and began (`Pending.publishing`), whose token
+    is gone: a rewind deleted it meanwhile, or `settle` removed it for standing on a token a
+    rewind deleted. Some new files may be in place with the old ones not yet deleted, a record
+    in two files; finished, it is as a commit that published and was rewound after
+    (docs/protocol.md, "What a rewind does to files"). Returns the token it finished, None when
+    nothing had begun (the data folders are as they were before the attempt)."""
+    mark = pending_mark(storage, topic, attempt_id)
+    if mark is None or not mark.publishing or mark.token is None:
+        return None
+    log.warning(
+        "topic %s: token %s (%s) was deleted while it was being published: its publication is "
+        "finished, as a commit published and then rewound",
+        topic,
+        mark.token.seq,
+        attempt_id,
+    )
+    try:
+        publish(storage, mark.token)
+    except BrokenPublication as err:
+        log.error("topic %s: %s; the files moved so far stay where they are", topic, err)
+        return None
+    return mark.token
 
 
 def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | None:

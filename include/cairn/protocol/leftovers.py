@@ -44,11 +44,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
-from pydantic import ValidationError
-
 from cairn.errors import PermanentError
 from cairn.protocol import commit
-from cairn.protocol.commit import Claim, Conflict, Fenced, Pending
+from cairn.protocol.commit import Claim, Conflict, Fenced
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import (
     attempt_prefix,
@@ -147,6 +145,7 @@ def abandon(
     outside = claim.outside if claim is not None else []
     if any(o.root not in places for o in outside):
         return False
+    commit.finish_rewound(storage, topic, attempt_id)  # a publication a rewind cut short
     for o in outside:
         places[o.root](o.folder, attempt_id)
     storage.delete_prefix(attempt_prefix(topic, attempt_id))
@@ -178,23 +177,12 @@ def _names(storage: Storage, folder: str) -> set[str]:
     return names
 
 
-def _mark(storage: Storage, topic: str, attempt_id: str) -> Pending | None:
-    try:
-        raw = storage.read(pending_key(topic, attempt_id))
-    except FileNotFoundError:
-        return None
-    try:
-        return Pending.model_validate_json(raw)
-    except (ValidationError, ValueError):
-        return Pending(attempt_id=attempt_id)  # a mark of an older Cairn: its bare attempt id
-
-
 def _committing(
     storage: Storage, topic: str, attempt_id: str, now: datetime, newest: Token | None = None
 ) -> bool:
     """Whether a commit of the attempt may be under way: it has a pending mark younger than
     `MARGIN`, or one that the newest token names (read unless given)."""
-    mark = _mark(storage, topic, attempt_id)
+    mark = commit.pending_mark(storage, topic, attempt_id)
     if mark is None:
         return False
     if mark.at is not None and now - mark.at < MARGIN:
