@@ -1,10 +1,12 @@
 """One `archive__<topic>` DAG per configured topic: plan → clean → archive → verify → commit →
 check_health, and complete → announce (the dates that became complete, as asset events).
 
-Only wiring: each task is one call into `cairn.pipeline.archive_run` (or the Spark job). Topics come
-from include/topics.yaml; pattern entries are matched against the topic list that the
-`cairn_discover_topics` DAG caches in the `cairn_kafka_topics` Variable, so parsing this file
-never queries Kafka.
+Only wiring: each task is one call into `cairn.pipeline.archive_run` (or the Spark job). The
+archive task and the steps around it (clean, verify, commit, complete: `ArchiveStep`) start in
+the triggerer, not on a worker; plan, check_health, announce and more_waiting run on workers.
+Topics come from include/topics.yaml; pattern entries are matched against the topic list that
+the `cairn_discover_topics` DAG caches in the `cairn_kafka_topics` Variable, so parsing this
+file never queries Kafka.
 """
 
 from __future__ import annotations
@@ -17,17 +19,16 @@ from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
-from cairn.pipeline import archive_run, completeness
-from cairn.protocol.manifest import VerifyReport
+from cairn.pipeline import archive_run
 from cairn_airflow.assets import announce_dates, archive_schedule, archive_start, topic_asset
 from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.connections import kafka_conf, storage
 from cairn_airflow.notifications.notifier import archive_deadline, check_health, notifier
 from cairn_airflow.operators.spark import CairnSparkOperator
+from cairn_airflow.operators.step import ArchiveStep
 from cairn_airflow.priority import LAG_FIRST, remember_lag
-from cairn_airflow.root_memory import earlier_roots, remember_root
-from cairn_airflow.stats import report_run
+from cairn_airflow.root_memory import earlier_roots
 
 log = logging.getLogger(__name__)
 
@@ -73,51 +74,11 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             log.info("%s: reading %s", planned.claim.label, planned.plan.to_read)
             return planned.model_dump(mode="json")
 
-        @task
-        def clean(planned: dict) -> list[str]:
-            """Discard what fenced-out attempts staged; rewound files stay until the commit."""
-            with fail_fast():
-                return archive_run.clean_run(
-                    storage(cfg), archive_run.Planned.model_validate(planned)
-                )
-
-        @task
-        def verify(planned: dict) -> dict:
-            with fail_fast():
-                report = archive_run.verify_run(
-                    storage(cfg), archive_run.Planned.model_validate(planned)
-                )
-            return report.model_dump(mode="json")
-
-        @task
-        def commit(planned: dict, report: dict) -> dict:
-            with fail_fast():
-                summary = archive_run.commit_run(
-                    cfg,
-                    storage(cfg),
-                    archive_run.Planned.model_validate(planned),
-                    VerifyReport.model_validate(report),
-                    kafka_conf(),
-                )
-            log.info("run summary: %s", summary.model_dump_json(indent=2))
-            report_run(cfg, summary.seq)
-            remember_lag(topic, summary.time_lag_seconds)
-            remember_root(cfg)
-            return summary.model_dump(mode="json")
-
         @task(task_id="check_health", retries=0)
         def health(summary: dict) -> list[str]:
             """Fail, calling the notifier, if the topic is past max_time_lag or
             max_quarantine_ratio (docs/operating.md, Alerts)."""
             return check_health(cfg)
-
-        @task(trigger_rule=TriggerRule.NONE_FAILED)
-        def complete() -> dict:
-            """Write `_SUCCESS` into dates that became complete or changed (docs/table.md)."""
-            run_id = get_current_context()["run_id"]
-            with fail_fast():
-                done = completeness.complete_run(cfg, storage(cfg), kafka_conf(), run_id)
-            return done.model_dump(mode="json")
 
         @task(outlets=[asset])
         def announce(done: dict) -> list[str]:
@@ -137,14 +98,16 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             payload=planned,
             weight_rule=LAG_FIRST,  # the most lagging topic's job first (cairn_airflow.priority)
         )
-        report = verify(planned)
-        summary = commit(planned, report)
-        clean(planned) >> archive >> report
-        done = complete()
+        report = ArchiveStep(step="verify", topic=topic, inputs={"planned": planned})
+        summary = ArchiveStep(
+            step="commit", topic=topic, inputs={"planned": planned, "report": report.output}
+        )
+        ArchiveStep(step="clean", topic=topic, inputs={"planned": planned}) >> archive >> report
+        done = ArchiveStep(step="complete", topic=topic, trigger_rule=TriggerRule.NONE_FAILED)
         summary >> done
-        announce(done)
-        health(summary)
-        more_waiting(summary) >> TriggerDagRunOperator(
+        announce(done.output)
+        health(summary.output)
+        more_waiting(summary.output) >> TriggerDagRunOperator(
             task_id="drain_backlog", trigger_dag_id=dag.dag_id
         )
     return dag

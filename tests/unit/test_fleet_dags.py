@@ -72,6 +72,30 @@ def test_the_archive_task_starts_in_the_triggerer_and_comes_to_a_worker_only_to_
     assert not rebuild_dag(cfg).get_task("rebuild").start_from_trigger
 
 
+def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream_results():
+    """clean, verify, commit and complete start in the triggerer (no worker process, no DAG
+    file parsed); plan, check_health, announce and more_waiting run on workers."""
+    dag = archive_dag(parsing("orders.eu"))
+    upstream = {
+        "clean": {"planned": "plan"},
+        "verify": {"planned": "plan"},
+        "commit": {"planned": "plan", "report": "verify"},
+        "complete": {},
+    }
+    for step, inputs in upstream.items():
+        task = dag.get_task(step)
+        start = task.start_trigger_args
+        assert task.start_from_trigger and start is not None, step
+        assert start.trigger_cls == "cairn_airflow.triggers.step.StepTrigger"
+        assert start.trigger_kwargs == {"step": step, "topic": "orders.eu", "upstream": inputs}
+        assert callable(getattr(task, start.next_method))
+        assert set(inputs.values()) <= task.upstream_task_ids, step
+    on_workers = {"plan", "check_health", "announce", "more_waiting", "drain_backlog"}
+    assert {t.task_id for t in dag.tasks if not t.start_from_trigger} == on_workers
+    assert dag.get_task("complete").trigger_rule == "none_failed"  # idle runs complete dates
+    assert dag.get_task("clean").downstream_task_ids == {"archive"}
+
+
 def test_the_archive_dag_runs_on_the_topics_spread_schedule():
     spread_on = archive_dag(parsing("orders.eu", run_on="schedule"))
     assert spread_on.timetable.expression == spread("*/10 * * * *", "orders.eu")

@@ -1,0 +1,61 @@
+"""`StepTrigger`: an archive run's bookkeeping step (`cairn_airflow.archive_steps`) run in the
+triggerer, where its task starts (Airflow's `start_from_trigger`).
+
+A worker would fork a task process and parse the topic's DAG file for each of these steps, a
+few hundred milliseconds of plain Python and a few object-storage requests: under load the
+start, not the step, took most of a run's time. Here the step runs in a thread of the
+triggerer, on the results its upstream tasks pushed, and its result becomes the task's
+`return_value` as it ends the task from here (no worker takes it up). Whatever goes wrong here
+sends the task to a worker, which runs the step again (each is idempotent) with the usual
+failure handling: a permanent error fails it at once, anything else is retried.
+
+A restarted triggerer starts the trigger again from the database, so the step runs again. The
+arguments name the step, the topic and the upstream tasks, no secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+
+from cairn_airflow import archive_steps
+
+log = logging.getLogger(__name__)
+
+
+class StepTrigger(BaseTrigger):
+    """Runs one archive step and ends its task, or sends the task to a worker."""
+
+    def __init__(self, step: archive_steps.Step, topic: str, upstream: dict[str, str]) -> None:
+        """`upstream`: the step's argument name → the upstream task whose result it is."""
+        super().__init__()
+        self.step, self.topic, self.upstream = step, topic, upstream
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.{type(self).__name__}", {
+            "step": self.step,
+            "topic": self.topic,
+            "upstream": self.upstream,
+        }
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            result = await asyncio.to_thread(self._run)
+        except Exception as err:
+            log.warning("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
+            yield TriggerEvent({"on_worker": f"{type(err).__name__}: {err}"})
+            return
+        yield TaskSuccessEvent(xcoms={"return_value": result})
+
+    def _run(self) -> Any:
+        ti: Any = self.task_instance
+        # one map index: the triggerer serves a single XCom, not the all-indexes query
+        inputs = {
+            name: ti.xcom_pull(task_ids=task_id, map_indexes=-1)
+            for name, task_id in self.upstream.items()
+        }
+        return archive_steps.run(self.step, self.topic, ti.run_id, inputs)
