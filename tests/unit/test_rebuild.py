@@ -620,22 +620,13 @@ def test_a_rewind_of_a_rebuild_keeps_its_files_the_only_copy_named_by_its_manife
     assert unnamed <= rewound_publications(storage, TOPIC)
 
 
-@pytest.mark.parametrize("then", ["retried", "swept"])
-@pytest.mark.parametrize("cut", ["move", "delete"])
-def test_a_publication_a_rewind_cut_short_is_finished_never_left_with_records_twice(
-    tmp_path, storage, monkeypatch, cut, then
-):
-    """The commit task dies halfway through publishing a rebuild (some new files moved in, or
-    every one and some old files deleted), then a hand rewind deletes its token. The retry is
-    refused (the rebuild is stale) or the attempt is swept once over; either way the
-    publication is finished first, as if it had completed before the rewind: each record in one
-    file, every record found, every date audits clean."""
-    build_archive(storage, config(tmp_path))
-    cfg = config(tmp_path, generation=2)
-    chosen = select(storage, cfg, [D2], "rebuild-run")
-    save_attempt(storage, chosen, rebuild_all(storage, cfg, chosen))
-    real = getattr(storage, cut)
-    left = [1]
+def crash_publishing(storage: Storage, monkeypatch, cut: str | None, commit) -> None:
+    """`commit()` on `storage`, its task dying at the second `cut` ("move", "delete") of its
+    publication (None: it publishes whole)."""
+    if cut is None:
+        commit()
+        return
+    real, left = getattr(storage, cut), [1]
 
     def dies(*args) -> None:
         if not left:
@@ -645,21 +636,14 @@ def test_a_publication_a_rewind_cut_short_is_finished_never_left_with_records_tw
 
     monkeypatch.setattr(storage, cut, dies)
     with pytest.raises(OSError):
-        commit_rebuild(storage, cfg, chosen)
+        commit()
     monkeypatch.undo()
-    newest = tokens.seqs(storage, TOPIC)[-1]
-    storage.delete(token_key(TOPIC, newest))  # by hand, the newest token: the rebuild's
 
-    if then == "retried":
-        with pytest.raises(Conflict):
-            commit_rebuild(storage, cfg, chosen)
-    else:
-        later = chosen.claim.due + timedelta(seconds=1)  # over: past its deadline
-        assert leftovers.sweep(storage, TOPIC, now=later) == [chosen.claim.attempt_id]
 
+def assert_whole(storage: Storage, cfg: TopicConfig) -> None:
+    """Each record in one file, found there, and every date audits clean."""
     assert storage.list("_attempts/") == [] and storage.list("_publishing/") == []
     assert_exactly_once(storage)
-    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
     index = ArchiveIndex(storage, TOPIC)
     for r in (r for _, records in RUNS for r in records if r.value is not None):
         found = index.find(r.partition, r.offset)
@@ -667,6 +651,62 @@ def test_a_publication_a_rewind_cut_short_is_finished_never_left_with_records_tw
     for day in (D1, D2, D3, D4, LATE):
         checked = audit_date(storage, cfg, day)
         assert checked.ok, [checked.problems, [(f.key, f.problems) for f in checked.files]]
+
+
+@pytest.mark.parametrize("then", ["retried", "swept"])
+@pytest.mark.parametrize("how", ["by hand", "tokens rewind"])
+@pytest.mark.parametrize("cut", ["move", "delete", None])
+def test_a_publication_a_rewind_cut_short_is_finished_never_left_with_records_twice(
+    tmp_path, storage, monkeypatch, cut, how, then
+):
+    """The commit task dies halfway through publishing a rebuild (some new files moved in, or
+    every one and some old files deleted) or after it published, then a rewind deletes its
+    token: `tokens rewind` finishes the publication before; after a hand rewind, the retry
+    (refused, saying so) or the sweep, once the attempt is over, finishes it. Either way it is
+    as if it had completed before the rewind: each record in one file, every date clean."""
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    save_attempt(storage, chosen, rebuild_all(storage, cfg, chosen))
+    crash_publishing(storage, monkeypatch, cut, lambda: commit_rebuild(storage, cfg, chosen))
+    newest = tokens.seqs(storage, TOPIC)[-1]
+    if how == "by hand":
+        storage.delete(token_key(TOPIC, newest))  # the newest token: the rebuild's
+    else:
+        assert rewind.rewind(storage, cfg, None, to_seq=newest - 1) == [token_key(TOPIC, newest)]
+
+    if then == "retried":
+        with pytest.raises(Conflict, match="published, and a rewind deleted its token since"):
+            commit_rebuild(storage, cfg, chosen)
+    else:
+        later = chosen.claim.due + timedelta(seconds=1)  # over: past its deadline
+        left_behind = [chosen.claim.attempt_id] if cut and how == "by hand" else []
+        assert leftovers.sweep(storage, TOPIC, now=later) == left_behind
+
+    assert {parse_data_key(k).gen for k in day_keys(storage, D2)} == {2}
+    assert_whole(storage, cfg)
+
+
+def test_a_publication_cut_short_and_rewound_by_hand_is_left_as_it_is_once_a_run_planned_since(
+    tmp_path, storage, monkeypatch
+):
+    """Once another attempt planned on the half-done publication, finishing it could overwrite
+    that attempt's files or double its records: the retry is refused naming it, and the sweep
+    leaves the data folders as they are (the staging held no record's only copy)."""
+    build_archive(storage, config(tmp_path))
+    cfg = config(tmp_path, generation=2)
+    chosen = select(storage, cfg, [D2], "rebuild-run")
+    save_attempt(storage, chosen, rebuild_all(storage, cfg, chosen))
+    crash_publishing(storage, monkeypatch, "move", lambda: commit_rebuild(storage, cfg, chosen))
+    storage.delete(token_key(TOPIC, tokens.seqs(storage, TOPIC)[-1]))  # by hand
+    archive_records(storage, cfg, at("2024-06-05T01:00"), [rec(0, 11, "2024-06-04T20:00:00Z")])
+    before = data_files(storage)
+
+    with pytest.raises(commit.HalfPublished, match="since: its publication is left as it is"):
+        commit_rebuild(storage, cfg, chosen)
+    leftovers.sweep(storage, TOPIC, now=chosen.claim.due + timedelta(seconds=1))
+    assert data_files(storage) == before
+    assert storage.list("_attempts/") == [] and storage.list("_publishing/") == []
 
 
 @pytest.mark.parametrize("runs", [1, 2])

@@ -37,6 +37,7 @@ from cairn.storage.layout import (
     claim_numbers,
     claims_folder,
     head_key,
+    manifest_key,
     parse_data_key,
     pending_key,
     token_key,
@@ -64,6 +65,11 @@ class Conflict(PermanentError):
 
 class BrokenPublication(PermanentError):
     """A committed token promises a file that is neither staged nor in its data folder."""
+
+
+class HalfPublished(PermanentError):
+    """A publication a hand rewind cut short that can no longer be finished safely
+    (`finish_rewound`)."""
 
 
 class Outside(BaseModel):
@@ -161,13 +167,16 @@ def load_claim(storage: Storage, topic: str, attempt_id: str) -> Claim | None:
     found = _ATTEMPT_RE.fullmatch(attempt_id)
     if found is None:
         return None
-    key = claim_key(topic, _KIND[found[1]], int(found[2]), int(found[3]))
+    stored = _claim_at(storage, claim_key(topic, _KIND[found[1]], int(found[2]), int(found[3])))
+    return stored if stored is not None and stored.attempt_id == attempt_id else None
+
+
+def _claim_at(storage: Storage, key: str) -> Claim | None:
     try:
         with naming(key):  # a newer format is never taken for absent: a sweep would remove it
-            stored = Claim.model_validate(json.loads(storage.read(key))["claim"])
+            return Claim.model_validate(json.loads(storage.read(key))["claim"])
     except (FileNotFoundError, ValueError, KeyError, TypeError, ValidationError):
         return None
-    return stored if stored.attempt_id == attempt_id else None
 
 
 def withdraw(storage: Storage, claim: Claim, why: str) -> None:
@@ -356,7 +365,8 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
     publication is finished (`prepare`, which checks the attempt's work and says what to
     change, runs only when it has not committed yet). Raises Fenced or Conflict (nothing
     changed, and no pending mark of it left) if a requirement fails or its claim was withdrawn;
-    Conflict too once it finished a publication of it that a rewind cut short (`finish_rewound`).
+    Conflict too when it published and a rewind deleted its token since (a publication the
+    rewind cut short is finished first: `finish_rewound`).
     """
     done = committed(storage, claim)
     if done is not None:
@@ -364,14 +374,14 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
         publish(storage, done)
         return done
     _check_held(storage, claim)  # a withdrawn attempt's staging may be gone: say so first
-    cut = finish_rewound(storage, claim.topic, claim.attempt_id)
-    if cut is not None:
-        raise Conflict(
-            f"{claim.label}: its token {cut.seq} was deleted (a rewind) while it was being "
-            "published; its publication is now finished, as a commit that published before the "
-            "rewind, and nothing more is committed"
-        )
-    change = prepare()
+    if finish_rewound(storage, claim.topic, claim.attempt_id) is not None:
+        raise _rewound(claim)
+    try:
+        change = prepare()
+    except (FileNotFoundError, PermanentError):
+        if storage.exists(manifest_key(claim.topic, claim.attempt_id)):  # moved there to publish
+            raise _rewound(claim) from None
+        raise
     replaces = sorted(set(change.replaces) - set(change.adds))
     mark = pending_key(claim.topic, claim.attempt_id)
     for _ in range(_TRIES):
@@ -491,28 +501,68 @@ def pending_mark(storage: Storage, topic: str, attempt_id: str) -> Pending | Non
 
 
 def finish_rewound(storage: Storage, topic: str, attempt_id: str) -> Token | None:
-    """Finish a publication that replaces files and began (`Pending.publishing`), whose token
-    is gone: a rewind deleted it meanwhile, or `settle` removed it for standing on a token a
-    rewind deleted. Some new files may be in place with the old ones not yet deleted, a record
-    in two files; finished, it is as a commit that published and was rewound after
-    (docs/protocol.md, "What a rewind does to files"). Returns the token it finished, None when
-    nothing had begun (the data folders are as they were before the attempt)."""
+    """Finish a publication that replaces files and began (`Pending.publishing`) and whose
+    token a hand rewind deleted (`tokens rewind` and `settle` finish it before they delete its
+    token). Some new files may be in place with the old ones not all deleted: a record in two
+    files. Finished, it is as a commit that published and was rewound after (docs/protocol.md,
+    "What a rewind does to files"). Returns the token it finished; None when nothing had begun
+    (the data folders are as they were before the attempt). Raises HalfPublished, finishing
+    nothing, once another attempt planned or committed since: that attempt saw the half-done
+    publication, so finishing it now could overwrite its files or double its records."""
     mark = pending_mark(storage, topic, attempt_id)
     if mark is None or not mark.publishing or mark.token is None:
         return None
+    since = _planned_since(storage, mark)
+    if since:
+        raise HalfPublished(
+            f"topic {topic!r} token {mark.token.seq} ({attempt_id}) was deleted by hand while it "
+            f"was being published, and {since} since: its publication is left as it is, some "
+            "new files in place and some files it replaces not deleted (`cairn verify` names "
+            "them); rewind with `cairn tokens rewind`, which finishes a publication first"
+        )
+    return _finish(storage, mark.token, "was deleted by hand while it was being published")
+
+
+def finish_pending(storage: Storage, token: Token) -> None:
+    """Finish `token`'s publication if it is pending, before a rewind deletes the token: a
+    publication is never left half done (a record in a new file and an old one)."""
+    if token.attempt_id and pending_mark(storage, token.topic, token.attempt_id) is not None:
+        _finish(storage, token, "is being deleted by a rewind while its publication is pending")
+
+
+def _finish(storage: Storage, token: Token, why: str) -> Token | None:
+    """Finish `token`'s publication as it is removed (None: its staged files are gone)."""
     log.warning(
-        "topic %s: token %s (%s) was deleted while it was being published: its publication is "
-        "finished, as a commit published and then rewound",
-        topic,
-        mark.token.seq,
-        attempt_id,
+        "topic %s: token %s (%s) %s: its publication is finished first, as a commit that "
+        "published and was then rewound",
+        token.topic,
+        token.seq,
+        token.attempt_id,
+        why,
     )
     try:
-        publish(storage, mark.token)
+        publish(storage, token)
     except BrokenPublication as err:
-        log.error("topic %s: %s; the files moved so far stay where they are", topic, err)
+        log.error("topic %s: %s; the files moved so far stay where they are", token.topic, err)
         return None
-    return mark.token
+    return token
+
+
+def _planned_since(storage: Storage, mark: Pending) -> str | None:
+    """What planned or committed since `mark`'s publication began: a token created after it,
+    or another attempt's claim above the newest token made after it (one listing per kind)."""
+    assert mark.token is not None and mark.at is not None
+    topic, began = mark.token.topic, mark.at
+    newest = _newest(storage, topic, None)
+    if newest is not None and newest.created_at > began:
+        return f"token {newest.seq} was committed"
+    floor = _claim_floor((newest.seq if newest else 0) + 1)
+    for kind in _PREFIX:
+        for key in storage.list_after(claims_folder(topic, kind), floor):
+            other = _claim_at(storage, key)
+            if other and other.attempt_id != mark.attempt_id and other.created_at > began:
+                return f"{other.label} was planned"
+    return None
 
 
 def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | None:
@@ -523,8 +573,14 @@ def settle(storage: Storage, topic: str, hint: int | None = None) -> Token | Non
         if newest is None:
             return None
         below = _below(storage, newest)
-        if below == "replaced" or (below == "missing" and _pending(storage, newest)):
-            _remove(storage, newest, f"stands above a missing or replaced token {newest.seq - 1}")
+        mark = None
+        if below != "stands" and newest.attempt_id is not None:
+            mark = pending_mark(storage, topic, newest.attempt_id)
+        if below == "replaced" or (below == "missing" and mark is not None):
+            why = f"stands above a missing or replaced token {newest.seq - 1}"
+            if mark is not None and mark.publishing:  # it moved files: finish, never half done
+                _finish(storage, newest, why)
+            _remove(storage, newest, why)
         else:
             if below == "missing":
                 log.warning(
@@ -577,6 +633,16 @@ def _newest(storage: Storage, topic: str, hint: int | None) -> Token | None:
         step *= 2
 
 
+def _rewound(claim: Claim) -> Conflict:
+    """The attempt published (or `finish_rewound` just finished it), and a rewind deleted its
+    token since: a retry of its commit has nothing more to do."""
+    return Conflict(
+        f"{claim.label} published, and a rewind deleted its token since: its files stay as any "
+        'rewound commit\'s (docs/protocol.md, "What a rewind does to files"); nothing more is '
+        "committed"
+    )
+
+
 def _check_held(storage: Storage, claim: Claim) -> None:
     """Raise Fenced if the claim was withdrawn (`cairn.protocol.leftovers`) or is gone."""
     held = load_claim(storage, claim.topic, claim.attempt_id)
@@ -607,13 +673,6 @@ def _below(storage: Storage, token: Token) -> Literal["stands", "missing", "repl
 
 def _stands(storage: Storage, token: Token) -> bool:
     return _below(storage, token) == "stands"
-
-
-def _pending(storage: Storage, token: Token) -> bool:
-    """Whether the token's publication has not finished (its pending mark is there)."""
-    return token.attempt_id is not None and storage.exists(
-        pending_key(token.topic, token.attempt_id)
-    )
 
 
 def _remove(storage: Storage, token: Token, why: str) -> None:

@@ -145,7 +145,10 @@ def abandon(
     outside = claim.outside if claim is not None else []
     if any(o.root not in places for o in outside):
         return False
-    commit.finish_rewound(storage, topic, attempt_id)  # a publication a rewind cut short
+    try:
+        commit.finish_rewound(storage, topic, attempt_id)  # a publication a rewind cut short
+    except commit.HalfPublished as err:  # left as it is: its staging holds no record's only copy
+        log.error("%s", err)
     for o in outside:
         places[o.root](o.folder, attempt_id)
     storage.delete_prefix(attempt_prefix(topic, attempt_id))

@@ -32,7 +32,7 @@ from cairn.datafiles.file_entry import FileEntry
 from cairn.datafiles.sealed_file import sources_of
 from cairn.errors import PermanentError
 from cairn.kafka.cluster import TopicState
-from cairn.protocol import manifest, tokens
+from cairn.protocol import commit, manifest, tokens
 from cairn.protocol.plan import PlanError, Span, plan
 from cairn.protocol.tokens import Token
 from cairn.storage.layout import (
@@ -199,7 +199,8 @@ def rewind(
     tokens above them), `to_seq` (keep tokens up to it; 0 deletes all), `before` (delete tokens
     created at or after it). Refused, deleting nothing, when the next run would not read the
     rewound offsets again (`refusal`); pass `state` None only to skip that check knowingly (Kafka
-    unreachable). Tokens are deleted newest first, so a crash midway leaves a consistent chain.
+    unreachable). Tokens are deleted newest first, so a crash midway leaves a consistent chain,
+    and a token's pending publication is finished before it goes (`commit.finish_pending`).
     Returns the deleted keys.
     """
     if sum(arg is not None for arg in (count, to_seq, before)) != 1:
@@ -229,6 +230,7 @@ def rewind(
             raise RewindRefused(f"{why}; nothing was deleted")
     deleted = []
     for token in reversed(doomed):
+        commit.finish_pending(storage, token)  # a commit cut short: never left half published
         key = token_key(topic, token.seq)
         storage.delete(key)
         deleted.append(key)
