@@ -374,12 +374,12 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
         publish(storage, done)
         return done
     _check_held(storage, claim)  # a withdrawn attempt's staging may be gone: say so first
-    if finish_rewound(storage, claim.topic, claim.attempt_id) is not None:
-        raise _rewound(claim)
     try:
         change = prepare()
-    except (FileNotFoundError, PermanentError):
-        if storage.exists(manifest_key(claim.topic, claim.attempt_id)):  # moved there to publish
+    except (FileNotFoundError, PermanentError):  # its staged files may have been published
+        if finish_rewound(storage, claim.topic, claim.attempt_id) is not None or storage.exists(
+            manifest_key(claim.topic, claim.attempt_id)  # moved there as it published
+        ):
             raise _rewound(claim) from None
         raise
     replaces = sorted(set(change.replaces) - set(change.adds))
@@ -390,7 +390,9 @@ def commit(storage: Storage, claim: Claim, prepare: Callable[[], Change]) -> Tok
             for requirement in [*change.requirements, InTime()]:
                 requirement.check(storage, claim, newest)
         except (Fenced, Conflict):
-            storage.delete(mark)  # an earlier try's create failed or lost: no token names it
+            # No token names it: an earlier try's create failed or lost, or a rewind deleted it
+            if finish_rewound(storage, claim.topic, claim.attempt_id) is None:
+                storage.delete(mark)
             raise
         token = Token(
             **dict(change.payload),
