@@ -304,6 +304,41 @@ def test_a_token_still_publishing_above_a_missing_one_does_not_count_and_is_remo
     assert tokens.seqs(storage, TOPIC) == [1] and not data_files(storage)
 
 
+def test_a_token_removed_by_settle_mid_publication_is_finished_first_never_left_half_done(
+    storage, monkeypatch
+):
+    """A commit created token 3 on token 2, a rewind raced it and deleted token 2 after its
+    check, and the commit died having moved one file of a publication that replaces a rewound
+    file: the settle that removes token 3 first finishes it, so the rewound file's records are
+    not in it and in token 3's files at once (the next run reads them again and replaces those)."""
+    commit_next(storage, {0: 10})
+    commit_next(storage, {0: 20})
+    rewound = backup_key(TOPIC, 1, 0, 20)
+    storage.write(rewound, b"a rewound run's file")
+    claim = claim_next(storage)
+    adds = stage(storage, claim, KEYS)
+    real_move, moved = storage.move, []
+
+    def dies(source: str, target: str) -> None:
+        if moved:
+            raise ConnectionError("the commit task died")
+        moved.append(target)
+        real_move(source, target)
+
+    monkeypatch.setattr(storage, "move", dies)
+    change = Change(requirements=ARCHIVE, adds=adds, replaces=[rewound], position={0: 30})
+    with pytest.raises(ConnectionError):
+        commit.commit(storage, claim, lambda: change)
+    monkeypatch.undo()
+    assert set(data_files(storage)) == {*moved, rewound}  # half done
+    storage.delete(token_key(TOPIC, 2))
+
+    assert commit.settle(storage, TOPIC).seq == 1
+    assert tokens.seqs(storage, TOPIC) == [1]
+    assert set(data_files(storage)) == set(KEYS)  # whole: at the position, read again next
+    assert not storage.list("_attempts/") and not storage.list("_publishing/")
+
+
 def test_a_token_whose_staged_files_vanished_is_never_published_as_done(storage, caplog):
     commit_next(storage, {0: 10})
     claim = claim_next(storage)
