@@ -4,10 +4,10 @@ triggerer, where its task starts (Airflow's `start_from_trigger`).
 A worker would fork a task process and parse the topic's DAG file for each of these steps, a
 few hundred milliseconds of plain Python and a few object-storage requests: under load the
 start, not the step, took most of a run's time. Here the step runs in a thread of the
-triggerer, on the results its upstream tasks pushed, and its result becomes the task's
-`return_value` as it ends the task from here (no worker takes it up). Whatever goes wrong here
-sends the task to a worker, which runs the step again (each is idempotent) with the usual
-failure handling: a permanent error fails it at once, anything else is retried.
+triggerer, on the results its upstream tasks pushed; its result is pushed as the task's
+`return_value`, and the trigger ends the task from here (no worker takes it up). Whatever goes
+wrong here sends the task to a worker, which runs the step again (each is idempotent) with the
+usual failure handling: a permanent error fails it at once, anything else is retried.
 
 A restarted triggerer starts the trigger again from the database, so the step runs again. The
 arguments name the step, the topic and the upstream tasks, no secret.
@@ -44,18 +44,21 @@ class StepTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
-            result = await asyncio.to_thread(self._run)
+            await asyncio.to_thread(self._run)
         except Exception as err:
             log.warning("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
             yield TriggerEvent({"on_worker": f"{type(err).__name__}: {err}"})
             return
-        yield TaskSuccessEvent(xcoms={"return_value": result})
+        yield TaskSuccessEvent()
 
-    def _run(self) -> Any:
+    def _run(self) -> None:
         ti: Any = self.task_instance
         # one map index: the triggerer serves a single XCom, not the all-indexes query
         inputs = {
             name: ti.xcom_pull(task_ids=task_id, map_indexes=-1)
             for name, task_id in self.upstream.items()
         }
-        return archive_steps.run(self.step, self.topic, ti.run_id, inputs)
+        result = archive_steps.run(self.step, self.topic, ti.run_id, inputs)
+        # Pushed as a worker pushes it: an ending event's `xcoms` come back to the task SDK
+        # JSON-encoded once more (a string, not the dict), in Airflow 3.3.
+        ti.xcom_push("return_value", result)
