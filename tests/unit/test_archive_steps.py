@@ -14,6 +14,7 @@ from airflow.triggers.base import TaskSuccessEvent
 from cairn.errors import PermanentError
 from cairn_airflow import archive_steps
 from cairn_airflow.operators.step import ArchiveStep
+from cairn_airflow.triggers import step as step_trigger
 from cairn_airflow.triggers.step import StepTrigger
 
 RESULTS = {"plan": {"claim": "c"}, "verify": {"files": 2}}
@@ -26,8 +27,17 @@ class TI(SimpleNamespace):
         assert map_indexes == -1  # the triggerer serves one XCom, not the all-indexes query
         return RESULTS[task_ids]
 
-    def xcom_push(self, key: str, value) -> None:
-        self.pushed = {**getattr(self, "pushed", {}), key: value}
+
+@pytest.fixture
+def stored(monkeypatch) -> list:
+    """The XComs the trigger stores (through the task SDK, as a worker's task does)."""
+    stored = []
+
+    def store(key, value, **where) -> None:
+        stored.append((key, value, where))
+
+    monkeypatch.setattr(step_trigger.XCom, "set", store)
+    return stored
 
 
 @pytest.fixture
@@ -47,7 +57,9 @@ def calls(monkeypatch) -> list:
 
 
 def events(trigger: StepTrigger) -> list:
-    trigger.task_instance = TI(task_id=trigger.step, run_id="manual__1")
+    trigger.task_instance = TI(
+        dag_id="archive__orders", task_id=trigger.step, run_id="manual__1", map_index=-1
+    )
 
     async def run():
         return [event async for event in trigger.run()]
@@ -55,24 +67,26 @@ def events(trigger: StepTrigger) -> list:
     return asyncio.run(run())
 
 
-def test_a_step_runs_in_the_triggerer_on_its_upstream_results_and_ends_its_task(calls):
+def test_a_step_runs_in_the_triggerer_on_its_upstream_results_and_ends_its_task(calls, stored):
     trigger = StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"})
 
     [done] = events(trigger)
 
     assert calls == [("<entry of orders>", "manual__1", {"claim": "c"}, {"files": 2})]
     assert isinstance(done, TaskSuccessEvent)  # no worker takes the task up
-    # what its downstream tasks pull, pushed as a worker pushes it, not in the event
-    assert trigger.task_instance.pushed == {"return_value": {"seq": 7}} and not done.xcoms
+    # what its downstream tasks pull, stored as a worker's task stores it, not in the event
+    where = {"dag_id": "archive__orders", "task_id": "commit", "run_id": "manual__1"}
+    assert stored == [("return_value", {"seq": 7}, {**where, "map_index": -1})]
+    assert not done.xcoms
 
 
-def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again(calls):
+def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again(calls, stored):
     RESULTS["verify"] = {"fail": ConnectionError("S3 hiccup")}
     try:
         [sent] = events(StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"}))
     finally:
         RESULTS["verify"] = {"files": 2}
-    assert not isinstance(sent, TaskSuccessEvent)
+    assert not isinstance(sent, TaskSuccessEvent) and stored == []
     assert sent.payload == {"on_worker": "ConnectionError: S3 hiccup"}
 
     step = ArchiveStep(step="commit", topic="orders")

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from cairn_airflow import archive_steps
@@ -59,6 +60,14 @@ class StepTrigger(BaseTrigger):
             for name, task_id in self.upstream.items()
         }
         result = archive_steps.run(self.step, self.topic, ti.run_id, inputs)
-        # Pushed as a worker pushes it: an ending event's `xcoms` come back to the task SDK
-        # JSON-encoded once more (a string, not the dict), in Airflow 3.3.
-        ti.xcom_push("return_value", result)
+        # Stored as a worker stores it: an ending event's `xcoms` reach the task SDK JSON-encoded
+        # once more (a string, not the dict), and the triggerer's task instance cannot push one
+        # (its task lacks `returns_dag_result`), in Airflow 3.3.
+        XCom.set(
+            XCom.XCOM_RETURN_KEY,
+            result,
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            run_id=ti.run_id,
+            map_index=ti.map_index,
+        )
