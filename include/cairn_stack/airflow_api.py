@@ -123,6 +123,11 @@ class AirflowAPI:
             time.sleep(3)
         raise TimeoutError(f"runs of {dag_id} for {keys} unfinished after {timeout}s: {runs}")
 
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        """A run's task instances by task id."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}/taskInstances"
+        return {ti["task_id"]: ti for ti in self.call("GET", path)["task_instances"]}
+
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         """A task attempt's log as the UI shows it."""
         path = (

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from confluent_kafka import Producer
@@ -60,11 +59,6 @@ def at(hours: float) -> datetime:
 
 def archive_root(settings: StackSettings, s3: dict) -> Storage:
     return Storage(f"s3://{settings.bucket}/{E2E_PREFIX}", **s3)
-
-
-def task_instances(airflow, dag_id: str, run_id: str) -> dict[str, dict]:
-    path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances"
-    return {ti["task_id"]: ti for ti in airflow.call("GET", path)["task_instances"]}
 
 
 def test_the_clusters_executors_have_nothing_of_cairn_but_the_code_a_job_ships(
@@ -209,7 +203,7 @@ def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
     run_id = airflow.trigger(dag)
     runs = airflow.wait_for_runs(dag, timeout=300)  # (unpausing may schedule one more)
     assert {r["state"] for r in runs} == {"failed"}
-    plan = task_instances(airflow, dag, run_id)["plan"]
+    plan = airflow.task_instances(dag, run_id)["plan"]
     assert plan["state"] == "failed" and plan["try_number"] == 1
     cause = airflow.xcom(dag, run_id, "plan", key="cairn_failure")
     assert cause.startswith("LocalStorageOnCluster: topic 'e2e.localroot': archive root file://")
@@ -332,7 +326,7 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
     for _ in range(3):  # each task goes to whichever worker asks first
         run_id, runs = archive_while(airflow, kafka, 50, lambda run_id: True)
         assert all(r["state"] == "success" for r in runs), runs
-        hosts = {ti["hostname"] for ti in task_instances(airflow, dag, run_id).values()}
+        hosts = {ti["hostname"] for ti in airflow.task_instances(dag, run_id).values()}
         if hosts >= names:
             break
     assert hosts - {None, ""} == names  # one run's tasks ran on both workers
@@ -340,7 +334,7 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
     killed: list[str] = []
 
     def kill_the_archive_tasks_worker(run_id: str) -> bool:
-        archive = task_instances(airflow, dag, run_id)["archive"]
+        archive = airflow.task_instances(dag, run_id)["archive"]
         if archive["state"] != "running" or archive["hostname"] not in names:
             return False
         killed.append(archive["hostname"])
@@ -350,7 +344,7 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
     run_id, runs = archive_while(airflow, kafka, 30_000, kill_the_archive_tasks_worker)
 
     assert all(r["state"] == "success" for r in runs), runs
-    archive = task_instances(airflow, dag, run_id)["archive"]
+    archive = airflow.task_instances(dag, run_id)["archive"]
     assert archive["try_number"] >= 2 and archive["hostname"] in names - set(killed)
     contents = read_archive(archive_root(settings, s3), E2E_WORKERS)
     assert_exactly_once(contents, all_offsets(offsets_now(kafka)))

@@ -107,10 +107,17 @@ def test_a_burst_on_several_topics_is_archived_by_fewer_spark_jobs_than_runs(
             if record.counts.read:
                 assert record.spark_job is not None, record
                 staged.append(record.spark_job)
-                read_by = (f"archive__{topic}", record.run_id)
+                read_by, read_seq = (f"archive__{topic}", record.run_id), token.seq
     # fewer Spark jobs than runs that read records, and one of them served several topics
     assert len({job.tag for job in staged}) < len(staged), staged
     assert max(job.runs for job in staged) >= 2, staged
     # the task deferred while Spark worked, and its log says which job staged it
     log = airflow.task_log(*read_by, "archive")
     assert "archive job shared on the Spark Connect server" in log, log
+    # the steps around the job started and ended in the triggerer (no worker's hostname), and
+    # their results reached the tasks downstream as they are
+    tis = airflow.task_instances(*read_by)
+    for step in ("clean", "verify", "commit", "complete"):
+        assert tis[step]["state"] == "success" and not tis[step]["hostname"], tis[step]
+    assert tis["plan"]["hostname"]  # a worker's
+    assert airflow.xcom(*read_by, "commit")["seq"] == read_seq
