@@ -30,7 +30,9 @@ sees the withdrawal and stops, removing its own mark, or `abandon` sees a fresh 
 everything for a later sweep: staged files are never removed while a commit might publish them.
 What a committed attempt published is in the data folders and `_manifests/`, where neither looks;
 files outside the archive root go only through the place's own `Remover`, which keeps what is
-referred to there (a seal's table files in a snapshot), and only where the caller reaches it.
+referred to there (a seal's table files in a snapshot), and only where the caller reaches it. A
+publication that began and whose token a hand rewind deleted is finished first
+(`commit.finish_rewound`), never left with a record in a new file and an old one.
 
 **Costs.** A sweep lists what is in `_attempts/<topic>/` and `_publishing/<topic>/`: only the
 files of attempts that are running or not yet swept. It reads the claim of each (at most `BATCH`
