@@ -462,7 +462,7 @@ def publish(storage: Storage, token: Token) -> None:
             _finish_legacy(storage, prefix)
         return  # published: the mark goes only once every file was checked in place
     if token.replaces and not mark.publishing:
-        began = Pending(**{**dict(mark), "token": token, "publishing": True})
+        began = mark.model_copy(update={"token": token, "publishing": True})
         storage.write(marker, began.model_dump_json().encode())
     problems = []
     for key, size in sorted(token.adds.items()):
