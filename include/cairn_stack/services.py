@@ -358,6 +358,7 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(settings.scheduler_idle_sleep),
         "AIRFLOW__CAIRN__SHARED_JOB_GATHER_SECONDS": str(settings.shared_job_gather_seconds),
+        "AIRFLOW__TRIGGERER__CAPACITY": str(settings.triggerer_capacity),
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(settings.dag_file_interval),
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": settings.host,
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(settings.airflow_health_port),

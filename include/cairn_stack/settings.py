@@ -83,6 +83,11 @@ class StackSettings(BaseSettings):
     shared_job_gather_seconds: PositiveFloat = 2.0
     """How long a shared archive job waits, after its first run arrives, for others to share it
     (`cairn_airflow.triggers.shared_archive`; Airflow's `[cairn] shared_job_gather_seconds`)."""
+    triggerer_capacity: PositiveInt = 5000
+    """How many triggers the triggerer runs at once (Airflow's `[triggerer] capacity`, 1,000 by
+    default). Each `run_on: records` topic holds one for good (its watcher), and each archive run
+    in flight one more while a step runs there: at Airflow's default, 1,000 watched topics fill
+    the triggerer and no run's task that starts there is ever picked up."""
     airflow_dags_paused: bool = False
     """New DAGs start paused. The test stack sets it, so that no scheduled run starts before a
     test has created its topic (a run on a missing topic fails and retries for minutes)."""

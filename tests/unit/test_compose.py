@@ -682,3 +682,11 @@ def test_the_dag_processor_and_the_shared_jobs_use_the_stacks_settings(services)
         gather = found["AIRFLOW__CAIRN__SHARED_JOB_GATHER_SECONDS"]
         assert gather == ref("CAIRN_SHARED_JOB_GATHER_SECONDS"), name
     assert DEFAULTS["dag_file_interval"] == 300 and DEFAULTS["shared_job_gather_seconds"] == 2.0
+
+
+def test_the_triggerer_holds_a_thousand_watched_topics_and_their_runs(services):
+    """Each `run_on: records` topic keeps one trigger in the triggerer for good: at Airflow's
+    default capacity (1,000), a thousand topics would leave no room for their runs' steps."""
+    capacity = env(services["airflow-triggerer"])["AIRFLOW__TRIGGERER__CAPACITY"]
+    assert capacity == ref("CAIRN_TRIGGERER_CAPACITY")
+    assert DEFAULTS["triggerer_capacity"] >= 2 * 1000
