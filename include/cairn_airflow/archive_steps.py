@@ -1,8 +1,11 @@
-"""The steps of an archive run around its Spark job — clean, verify, commit, complete — each one
-call into `cairn.pipeline`, written once for both places a step runs: the triggerer, where its
-task starts (`cairn_airflow.triggers.step`: no worker process, no DAG file parsed), and a
-worker, where it goes when that fails (`cairn_airflow.operators.step`). Each is safe to run
-again: the commit protocol makes every step idempotent."""
+"""The steps of an archive run around its Spark job — plan, clean, verify, commit, complete,
+check_health, announce, more_waiting — each one call into `cairn.pipeline` (or Cairn's Airflow
+glue), written once for both places a step runs: the triggerer, where its task starts
+(`cairn_airflow.triggers.step`: no worker process, no DAG file parsed), and a worker, where it
+goes when that fails or when only a worker can finish it (`failures.NeedsWorker`;
+`cairn_airflow.operators.step`). A step skips its task (and so the tasks that need its result)
+by raising `AirflowSkipException`, in either place. Each is safe to run again: the commit
+protocol makes every step idempotent."""
 
 from __future__ import annotations
 
@@ -10,18 +13,39 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
+from airflow.sdk.exceptions import AirflowSkipException
+
 from cairn.config import TopicConfig
 from cairn.pipeline import archive_run, completeness
 from cairn.protocol.manifest import VerifyReport
 from cairn.topics_file import find_topic
+from cairn_airflow import assets
 from cairn_airflow.hooks.connections import kafka_conf, storage
+from cairn_airflow.notifications import notifier
 from cairn_airflow.priority import remember_lag
-from cairn_airflow.root_memory import remember_root
+from cairn_airflow.root_memory import earlier_roots, remember_root
 from cairn_airflow.stats import report_run
 
 log = logging.getLogger(__name__)
 
-Step = Literal["clean", "verify", "commit", "complete"]
+Step = Literal[
+    "plan", "clean", "verify", "commit", "complete", "check_health", "announce", "more_waiting"
+]
+
+
+def plan(cfg: TopicConfig, run_id: str) -> dict:
+    """Claim the run's offsets. Nothing new skips the tasks that need a plan (clean through
+    commit and check_health): `complete` still runs, so idle partitions do not hold dates back."""
+    planned = archive_run.plan_run(
+        cfg, storage(cfg), kafka_conf(), run_id, lambda: earlier_roots(cfg)
+    )
+    if planned is None:
+        remember_lag(cfg.topic, 0.0)
+        raise AirflowSkipException(
+            f"topic {cfg.topic}: nothing new in Kafka; no Spark job, no token"
+        )
+    log.info("%s: reading %s", planned.claim.label, planned.plan.to_read)
+    return planned.model_dump(mode="json")
 
 
 def clean(cfg: TopicConfig, run_id: str, planned: dict) -> list[str]:
@@ -55,11 +79,34 @@ def complete(cfg: TopicConfig, run_id: str) -> dict:
     return done.model_dump(mode="json")
 
 
+def check_health(cfg: TopicConfig, run_id: str, summary: dict) -> list[str]:
+    """Fail, calling the notifier, if the topic is past max_time_lag or max_quarantine_ratio
+    (docs/operating.md, Alerts): on a worker, where the failure is handled."""
+    return notifier.check_health(cfg)
+
+
+def announce(cfg: TopicConfig, run_id: str, done: dict) -> list[str]:
+    """One asset event per date that became complete or changed; skipped if none."""
+    return assets.announce_dates(assets.topic_asset(cfg.topic), done)
+
+
+def more_waiting(cfg: TopicConfig, run_id: str, summary: dict) -> bool:
+    """At the per-run cap: start the next run now (`drain_backlog`) instead of waiting for the
+    records' next firing or the schedule; otherwise skip it."""
+    if not summary["more_waiting"]:
+        raise AirflowSkipException("the run read all that waited")
+    return True
+
+
 STEPS: dict[Step, Callable[..., Any]] = {
+    "plan": plan,
     "clean": clean,
     "verify": verify,
     "commit": commit,
     "complete": complete,
+    "check_health": check_health,
+    "announce": announce,
+    "more_waiting": more_waiting,
 }
 
 

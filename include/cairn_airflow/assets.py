@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from cairn.config import TopicConfig
 from cairn.pipeline import completeness
+from cairn_airflow.failures import NeedsWorker
 from cairn_airflow.triggers.waiting_records import WaitingRecordsTrigger
 
 
@@ -66,11 +67,16 @@ def archive_start(cfg: TopicConfig) -> datetime | None:
 
 def announce_dates(asset: Asset, done: dict) -> list[str]:
     """Emit one event of `asset` per date `done` (a `Completion`) marked, the date as partition
-    key; skip the task when there is none, so no event without a date is ever emitted."""
+    key; skip the task when there is none, so no event without a date is ever emitted (in the
+    triggerer too: only a task with dates to announce needs a worker)."""
     keys = completeness.Completion.model_validate(done).partition_keys
     if not keys:
         raise AirflowSkipException("no date became complete or changed")
-    events = get_current_context()["outlet_events"][asset]
+    try:
+        context = get_current_context()
+    except RuntimeError as err:  # the triggerer's thread: no task, no outlet events
+        raise NeedsWorker(f"{len(keys)} date(s) to announce as asset events") from err
+    events = context["outlet_events"][asset]
     events.add_partitions(keys)
     events.extra = {"topic": done["topic"], "complete_through": done["through"]}
     return keys

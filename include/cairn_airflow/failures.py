@@ -27,6 +27,11 @@ CAUSE_KEY = "cairn_failure"
 """XCom key of a permanent failure's one-line cause (`ErrorClass: message`)."""
 
 
+class NeedsWorker(Exception):
+    """A task started in the triggerer that only a worker can finish (it emits asset events):
+    the triggerer hands it over, as planned, not as a fault."""
+
+
 @contextlib.contextmanager
 def fail_fast() -> Iterator[None]:
     """Fail the task without retries on errors a retry would only repeat (`PermanentError`),

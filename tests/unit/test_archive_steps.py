@@ -1,6 +1,7 @@
-"""An archive run's bookkeeping steps start in the triggerer (`cairn_airflow.triggers.step`):
-each gets its upstream tasks' results, its result becomes the task's XCom as the triggerer ends
-the task, and anything that goes wrong there sends the task to a worker to run the step again."""
+"""An archive run's steps start in the triggerer (`cairn_airflow.triggers.step`): each gets its
+upstream tasks' results, its result becomes the task's XCom as the triggerer ends the task (or
+it skips the task there), and anything that goes wrong there, or that only a worker can do (emit
+asset events), sends the task to a worker to run the step again."""
 
 from __future__ import annotations
 
@@ -8,16 +9,16 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
-from airflow.triggers.base import TaskSuccessEvent
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.triggers.base import TaskSkippedEvent, TaskSuccessEvent
 
 from cairn.errors import PermanentError
-from cairn_airflow import archive_steps
+from cairn_airflow import archive_steps, assets
 from cairn_airflow.operators.step import ArchiveStep
 from cairn_airflow.triggers import step as step_trigger
 from cairn_airflow.triggers.step import StepTrigger
 
-RESULTS = {"plan": {"claim": "c"}, "verify": {"files": 2}}
+RESULTS: dict = {"plan": {"claim": "c"}, "verify": {"files": 2}}
 
 
 class TI(SimpleNamespace):
@@ -99,8 +100,65 @@ def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again
         step.resume({"run_id": "manual__1"}, sent.payload)
 
 
+def test_a_plan_with_nothing_new_skips_its_task_from_the_triggerer_and_on_a_worker(
+    calls, stored, monkeypatch
+):
+    """The tasks that need a plan are then skipped by their trigger rule; `complete` runs."""
+    lags = []
+    monkeypatch.setattr(archive_steps, "storage", lambda cfg: "<storage>")
+    monkeypatch.setattr(archive_steps, "kafka_conf", lambda: "<kafka>")
+    monkeypatch.setattr(archive_steps, "remember_lag", lambda topic, lag: lags.append(lag))
+    monkeypatch.setattr(archive_steps.archive_run, "plan_run", lambda *args: None)
+    monkeypatch.setattr(archive_steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
+
+    [skipped] = events(StepTrigger("plan", "orders", {}))
+
+    assert isinstance(skipped, TaskSkippedEvent) and stored == [] and lags == [0.0]
+    with pytest.raises(AirflowSkipException, match="orders: nothing new in Kafka"):
+        ArchiveStep(step="plan", topic="orders").execute({"run_id": "manual__1"})
+
+
+@pytest.mark.parametrize(("more", "ends"), [(True, TaskSuccessEvent), (False, TaskSkippedEvent)])
+def test_more_waiting_starts_the_next_run_only_at_the_cap(calls, stored, more, ends):
+    RESULTS["commit"] = {"more_waiting": more}
+    try:
+        [ended] = events(StepTrigger("more_waiting", "orders", {"summary": "commit"}))
+    finally:
+        del RESULTS["commit"]
+    assert isinstance(ended, ends)
+    assert [value for _, value, _ in stored] == ([True] if more else [])
+
+
+def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_their_events(
+    calls, stored, monkeypatch
+):
+    monkeypatch.setattr(archive_steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
+    RESULTS["complete"] = {"topic": "orders", "through": "2024-06-01"}
+    try:
+        [idle] = events(StepTrigger("announce", "orders", {"done": "complete"}))
+        RESULTS["complete"]["completed"] = ["2024-06-01"]
+        [handed] = events(StepTrigger("announce", "orders", {"done": "complete"}))
+    finally:
+        del RESULTS["complete"]
+    assert isinstance(idle, TaskSkippedEvent)  # no date: no worker, no event
+    assert handed.payload == {"on_worker": "NeedsWorker: 1 date(s) to announce as asset events"}
+    assert stored == []
+
+    outlet = SimpleNamespace(extra=None, keys=[])
+    outlet.add_partitions = outlet.keys.extend
+    asset = assets.topic_asset("orders")
+    monkeypatch.setattr(assets, "get_current_context", lambda: {"outlet_events": {asset: outlet}})
+    step = ArchiveStep(step="announce", topic="orders", outlets=[asset])
+    step.inputs = {
+        "done": {"topic": "orders", "through": "2024-06-01", "completed": ["2024-06-01"]}
+    }
+    assert step.resume({"run_id": "manual__1"}, handed.payload) == ["2024-06-01"]
+    assert outlet.keys == ["2024-06-01"] and outlet.extra["topic"] == "orders"
+
+
 def test_the_trigger_serializes_with_no_secret_and_names_a_step_that_exists():
     kwargs = {"step": "verify", "topic": "orders", "upstream": {"planned": "plan"}}
     path, back = StepTrigger(**kwargs).serialize()
     assert path == "cairn_airflow.triggers.step.StepTrigger" and back == kwargs
-    assert set(archive_steps.STEPS) == {"clean", "verify", "commit", "complete"}
+    assert set(archive_steps.STEPS) == set(archive_steps.Step.__args__)
+    assert "verify" in archive_steps.STEPS

@@ -5,9 +5,10 @@ A worker would fork a task process and parse the topic's DAG file for each of th
 few hundred milliseconds of plain Python and a few object-storage requests: under load the
 start, not the step, took most of a run's time. Here the step runs in a thread of the
 triggerer, on the results its upstream tasks pushed; its result is pushed as the task's
-`return_value`, and the trigger ends the task from here (no worker takes it up). Whatever goes
-wrong here sends the task to a worker, which runs the step again (each is idempotent) with the
-usual failure handling: a permanent error fails it at once, anything else is retried.
+`return_value`, and the trigger ends the task from here, as succeeded or skipped (no worker
+takes it up). Whatever goes wrong here, and a step only a worker can finish (`NeedsWorker`),
+sends the task to a worker, which runs the step again (each is idempotent) with the usual
+failure handling: a permanent error fails it at once, anything else is retried.
 
 A restarted triggerer starts the trigger again from the database, so the step runs again. The
 arguments name the step, the topic and the upstream tasks, no secret.
@@ -20,10 +21,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.xcom import XCom
-from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
 from cairn_airflow import archive_steps
+from cairn_airflow.failures import NeedsWorker
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,13 @@ class StepTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
             await asyncio.to_thread(self._run)
+        except AirflowSkipException as skipped:
+            log.info("topic %s: %s skipped: %s", self.topic, self.step, skipped)
+            yield TaskSkippedEvent()
+            return
         except Exception as err:
-            log.warning("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
+            said = log.info if isinstance(err, NeedsWorker) else log.warning  # planned, or not
+            said("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
             yield TriggerEvent({"on_worker": f"{type(err).__name__}: {err}"})
             return
         yield TaskSuccessEvent()
