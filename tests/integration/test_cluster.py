@@ -323,13 +323,14 @@ def test_runs_spread_over_both_airflow_workers_and_one_killed_mid_task_is_retrie
     settings = cluster_settings
     dag, names = f"archive__{E2E_WORKERS}", {cluster.worker_name(i) for i in (1, 2)}
     hosts: set[str] = set()
-    for _ in range(3):  # each task goes to whichever worker asks first
+    for _ in range(8):  # each task goes to whichever worker asks first
         run_id, runs = archive_while(airflow, kafka, 50, lambda run_id: True)
         assert all(r["state"] == "success" for r in runs), runs
-        hosts = {ti["hostname"] for ti in airflow.task_instances(dag, run_id).values()}
+        tis = airflow.task_instances(dag, run_id)
+        hosts |= {ti["hostname"] for ti in tis.values()} - {None, ""}
         if hosts >= names:
             break
-    assert hosts - {None, ""} == names  # one run's tasks ran on both workers
+    assert hosts == names  # the runs' worker tasks (their Spark jobs) ran on both workers
 
     killed: list[str] = []
 

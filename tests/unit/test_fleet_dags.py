@@ -21,6 +21,7 @@ from cairn.dag_ids import dag_id
 from cairn.schedule import completion_cron, spread
 from cairn.waiting import WaitRule
 from cairn_airflow import dag_topics, priority
+from cairn_airflow.assets import topic_asset
 from cairn_airflow.operators.spark import SPARK_POOL
 from dags.cairn_archive import archive_dag
 from dags.cairn_rebuild import rebuild_dag
@@ -73,14 +74,18 @@ def test_the_archive_task_starts_in_the_triggerer_and_comes_to_a_worker_only_to_
 
 
 def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream_results():
-    """clean, verify, commit and complete start in the triggerer (no worker process, no DAG
-    file parsed); plan, check_health, announce and more_waiting run on workers."""
+    """Every step of a run starts in the triggerer (no worker process, no DAG file parsed); only
+    drain_backlog, which starts the next run at the cap, runs on a worker."""
     dag = archive_dag(parsing("orders.eu"))
     upstream = {
+        "plan": {},
         "clean": {"planned": "plan"},
         "verify": {"planned": "plan"},
         "commit": {"planned": "plan", "report": "verify"},
         "complete": {},
+        "check_health": {"summary": "commit"},
+        "announce": {"done": "complete"},
+        "more_waiting": {"summary": "commit"},
     }
     for step, inputs in upstream.items():
         task = dag.get_task(step)
@@ -90,10 +95,18 @@ def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream
         assert start.trigger_kwargs == {"step": step, "topic": "orders.eu", "upstream": inputs}
         assert callable(getattr(task, start.next_method))
         assert set(inputs.values()) <= task.upstream_task_ids, step
-    on_workers = {"plan", "check_health", "announce", "more_waiting", "drain_backlog"}
-    assert {t.task_id for t in dag.tasks if not t.start_from_trigger} == on_workers
+    assert {t.task_id for t in dag.tasks if not t.start_from_trigger} == {"drain_backlog"}
     assert dag.get_task("complete").trigger_rule == "none_failed"  # idle runs complete dates
     assert dag.get_task("clean").downstream_task_ids == {"archive"}
+    # a plan that finds nothing skips itself: every task that needs it, by its trigger rule
+    needs_plan = {"clean", "archive", "verify", "commit", "check_health", "more_waiting"}
+    assert needs_plan == dag.get_task("plan").get_flat_relative_ids(upstream=False) - {
+        "complete",
+        "announce",
+        "drain_backlog",
+    }
+    assert all(dag.get_task(t).trigger_rule == "all_success" for t in needs_plan)
+    assert dag.get_task("announce").outlets == [topic_asset("orders.eu")]  # from a worker
 
 
 def test_the_archive_dag_runs_on_the_topics_spread_schedule():
