@@ -158,7 +158,8 @@ def _load_file(path: Path) -> tuple[list[_Entry], list[TopicConfigError]]:
 
     try:
         text = path.read_text(encoding="utf-8")
-        doc, root = yaml.safe_load(text) or {}, yaml_lines.compose(text)
+        doc, root = yaml_lines.parse(text)
+        doc = doc or {}
     except yaml.YAMLError as err:
         line, message = yaml_lines.error_line(err)
         return [], [error("file", "", f"{message}; fix the file there", line)]
@@ -247,10 +248,50 @@ class TopicNotConfigured(PermanentError, LookupError):
     can run until the topics file is fixed, and retrying will not fix it."""
 
 
+Stamp = tuple[tuple[str, int, int, int] | tuple[str], ...]
+_FOUND: dict[tuple[str, str], tuple[Stamp, TopicConfig]] = {}
+"""`find_topic`'s answers in this process, each with the stamps of the files it was read from."""
+
+
 def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
     """The configuration of one concrete topic (exact or pattern entry); `TopicNotConfigured`,
     naming the entry's mistakes (file, line, field), if the topic is not configured or its
-    entry is invalid."""
+    entry is invalid.
+
+    Read again only when a topics file, or a file the entry names (its schemas), changed: the
+    triggerer asks for every step of every run, and reading 1,000 entries takes half a second."""
+    key = (str(path), topic)
+    found = _FOUND.get(key)
+    if found is not None and found[0] == _stamp(path, found[1]):
+        return found[1]
+    cfg = _find_topic(topic, path)
+    _FOUND[key] = (_stamp(path, cfg), cfg)
+    return cfg
+
+
+def _stamp(path: str | Path, cfg: TopicConfig) -> Stamp:
+    """What changes when the topics files, or the files `cfg` names, are edited, added or
+    removed: each file's modification time, size and inode."""
+    named = [cfg.schema_file] if cfg.schema_file else []
+    try:
+        files = [
+            *topic_files(Path(path)),
+            *(cfg.base_dir / n for n in named + FORMATS[cfg.format].files(cfg)),
+        ]
+    except OSError:
+        return ((str(path),),)  # gone: never equal to a stamp taken while it was there
+    stamps: list[tuple[str, int, int, int] | tuple[str]] = []
+    for file in files:
+        try:
+            stat = file.stat()
+        except OSError:
+            stamps.append((str(file),))
+        else:
+            stamps.append((str(file), stat.st_mtime_ns, stat.st_size, stat.st_ino))
+    return tuple(stamps)
+
+
+def _find_topic(topic: str, path: str | Path) -> TopicConfig:
     loaded = load_topics(path).resolve([topic])
     for cfg in loaded.topics:
         if cfg.topic == topic:

@@ -306,3 +306,32 @@ def test_a_bad_value_from_defaults_is_named_at_its_line_in_defaults(tmp_path):
     assert [t.topic for t in result.topics] == ["b"]
     (error,) = result.errors
     assert (error.entry, error.field, error.line) == ("topic 'a'", "schedule", 3)
+
+
+def test_find_topic_reads_the_files_again_only_when_they_or_the_entrys_schemas_change(
+    tmp_path, monkeypatch
+):
+    """The triggerer asks for every step of every run: reading 1,000 entries each time cost half
+    a second, so an answer stands until a topics file or a file the entry names changes."""
+    from cairn import topics_file
+
+    reads = []
+    monkeypatch.setattr(topics_file, "load_topics", lambda p: reads.append(p) or load_topics(p))
+    entry = "topics:\n  - topic: t\n    format: json\n    schema: schemas/e.avsc\n"
+    entry += "    event_time: {{field: ts, encoding: epoch_millis}}\n    max_time_lag: {lag}\n"
+    path = write(tmp_path, entry.format(lag="1h"))
+    first = find_topic("t", path)
+    assert find_topic("t", path) is first and len(reads) == 1
+
+    path.write_text(entry.format(lag="90m"))  # the entry changed
+    assert find_topic("t", path).max_time_lag.total_seconds() == 5400 and len(reads) == 2
+    assert find_topic("t", path).max_time_lag.total_seconds() == 5400 and len(reads) == 2
+
+    wider = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "id", "type": "string"}]}
+    (tmp_path / "schemas" / "e.avsc").write_text(json.dumps(wider))  # its schema changed
+    assert [f["name"] for f in find_topic("t", path).user_schema["fields"]] == ["ts", "id"]
+    assert len(reads) == 3
+
+    (tmp_path / "schemas" / "e.avsc").unlink()  # its schema is gone: an error, not the old entry
+    with pytest.raises(LookupError, match=r"e\.avsc"):
+        find_topic("t", path)
