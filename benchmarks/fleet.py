@@ -443,9 +443,10 @@ def max_overlap(tis: list[dict]) -> int:
 
 
 def wait_for_fleet_dags(api: AirflowAPI, names: list[str], timeout: float) -> float:
-    """Wait until the DAG processor has parsed every archive DAG; unpause them. Seconds taken."""
+    """Wait until the DAG processor has parsed every archive and rebuild DAG (a new rebuild DAG
+    gets a scheduled run at once: `wait_settled` waits for those); unpause them. Seconds taken."""
     started = time.monotonic()
-    wanted = {archive_id(t) for t in names}
+    wanted = {dag_id(kind, t) for t in names for kind in ("archive", "rebuild")}
     while True:
         try:
             dags = query(api, "/api/v2/dags", "dags", dag_id_pattern=PREFIX)

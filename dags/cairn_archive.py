@@ -3,7 +3,7 @@ check_health, and complete → announce (the dates that became complete, as asse
 
 Only wiring: each task is one call into `cairn.pipeline.archive_run` (or the Spark job). Every
 task but `drain_backlog` starts in the triggerer, not on a worker: the archive task and the
-steps around it (`ArchiveStep`, `cairn_airflow.archive_steps`); a worker takes one only to
+steps around it (`Step`, `cairn_airflow.steps`); a worker takes one only to
 finish what the triggerer cannot (a failure, a Spark job of its own, asset events to emit).
 Topics come from include/topics.yaml; pattern entries are matched against the topic list that
 the `cairn_discover_topics` DAG caches in the `cairn_kafka_topics` Variable, so parsing this
@@ -23,7 +23,7 @@ from cairn_airflow.assets import archive_schedule, archive_start, topic_asset
 from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
 from cairn_airflow.notifications.notifier import archive_deadline, notifier
 from cairn_airflow.operators.spark import CairnSparkOperator
-from cairn_airflow.operators.step import ArchiveStep
+from cairn_airflow.operators.step import Step
 from cairn_airflow.priority import LAG_FIRST
 
 DEFAULT_ARGS = {
@@ -51,7 +51,7 @@ def archive_dag(cfg: TopicConfig) -> DAG:
         tags=["cairn", "archive"],
         doc_md=topic_doc(cfg, "archive", __doc__),
     ) as dag:
-        planned = ArchiveStep(step="plan", topic=topic)
+        planned = Step(step="plan", topic=topic)
         archive = CairnSparkOperator(
             task_id="archive",
             job="archive",
@@ -59,20 +59,20 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             payload=planned.output,
             weight_rule=LAG_FIRST,  # the most lagging topic's job first (cairn_airflow.priority)
         )
-        report = ArchiveStep(step="verify", topic=topic, inputs={"planned": planned.output})
-        summary = ArchiveStep(
+        report = Step(step="verify", topic=topic, inputs={"planned": planned.output})
+        summary = Step(
             step="commit",
             topic=topic,
             inputs={"planned": planned.output, "report": report.output},
         )
-        clean = ArchiveStep(step="clean", topic=topic, inputs={"planned": planned.output})
+        clean = Step(step="clean", topic=topic, inputs={"planned": planned.output})
         clean >> archive >> report
-        done = ArchiveStep(step="complete", topic=topic, trigger_rule=TriggerRule.NONE_FAILED)
+        done = Step(step="complete", topic=topic, trigger_rule=TriggerRule.NONE_FAILED)
         summary >> done
-        ArchiveStep(step="announce", topic=topic, inputs={"done": done.output}, outlets=[asset])
+        Step(step="announce", topic=topic, inputs={"done": done.output}, outlets=[asset])
         # check_health fails (and calls the notifier) on a breach: retrying would not heal it
-        ArchiveStep(step="check_health", topic=topic, inputs={"summary": summary.output}, retries=0)
-        ArchiveStep(
+        Step(step="check_health", topic=topic, inputs={"summary": summary.output}, retries=0)
+        Step(
             step="more_waiting", topic=topic, inputs={"summary": summary.output}
         ) >> TriggerDagRunOperator(task_id="drain_backlog", trigger_dag_id=dag.dag_id)
     return dag

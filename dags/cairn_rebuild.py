@@ -7,8 +7,9 @@ runs only when a person asks: by a backfill (`airflow backfill create --dag-id r
 --from-date … --to-date … --reprocess-behavior completed`, or the UI), by clearing earlier runs,
 or by a trigger (UI or REST, with or without a logical date) whose `from_date`/`to_date` params
 name a range to rebuild as one operation. The daily timetable exists so that backfills have
-dates; the runs it would schedule by itself do nothing (and give recent dates a run, which a
-backfill's default reprocess behavior, `none`, skips).
+dates; the runs it schedules by itself (one per topic a day, and one for each new topic) skip at
+*select*, which starts in the triggerer, so they start no worker process (and they give recent
+dates a run, which a backfill's default reprocess behavior, `none`, skips).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
@@ -27,6 +28,7 @@ from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_t
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.connections import storage
 from cairn_airflow.operators.spark import CairnSparkOperator
+from cairn_airflow.operators.step import Step
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +52,6 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
         },
         doc_md=topic_doc(cfg, "rebuild", __doc__),
     ) as dag:
-
-        @task.short_circuit
-        def select() -> dict | bool:
-            context = get_current_context()
-            if context["dag_run"].run_type == "scheduled":
-                log.info("rebuilds run only when asked (backfill, clear or trigger): skipped")
-                return False
-            start = context.get("data_interval_start")
-            day = start.in_timezone(cfg.timezone).date() if start is not None else None
-            with fail_fast():
-                params = context["params"]
-                dates = rebuild.run_dates(day, params.get("from_date"), params.get("to_date"))
-                chosen = rebuild.select(storage(cfg), cfg, dates, context["run_id"])
-            if chosen is None:
-                log.info("topic %s has nothing filed under %s: nothing to rebuild", topic, dates)
-                return False
-            log.info("%s: %d backup files", chosen.claim.label, len(chosen.sources))
-            return chosen.model_dump(mode="json")
 
         @task
         def commit(chosen: dict) -> dict:
@@ -93,7 +77,8 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
             """One asset event per changed complete date; skipped if none."""
             return announce_dates(asset, done)
 
-        chosen = select()
+        # starts in the triggerer: the daily runs the timetable schedules skip there
+        chosen = Step(step="select", topic=topic).output
         spark = CairnSparkOperator(
             task_id="rebuild",
             job="rebuild",

@@ -71,6 +71,8 @@ def test_the_archive_task_starts_in_the_triggerer_and_comes_to_a_worker_only_to_
     assert start.trigger_kwargs == kwargs and start.timeout == timedelta(minutes=45)
     assert callable(getattr(archive, start.next_method))
     assert not rebuild_dag(cfg).get_task("rebuild").start_from_trigger
+    # a rebuild's select starts there too: the daily runs the timetable schedules skip there
+    assert rebuild_dag(cfg).get_task("select").start_from_trigger
 
 
 def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream_results():

@@ -1,4 +1,4 @@
-"""`ArchiveStep`: the task of an archive run's bookkeeping step (`cairn_airflow.archive_steps`).
+"""`Step`: the task of one step of an archive or rebuild run (`cairn_airflow.steps`).
 
 It starts in the triggerer (`cairn_airflow.triggers.step`) and normally ends there; a worker
 runs it only when that failed (`resume`), with the usual failure handling. The task stays one
@@ -13,23 +13,23 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 from airflow.triggers.base import StartTriggerArgs
 
-from cairn_airflow import archive_steps
+from cairn_airflow import steps
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.triggers.step import StepTrigger
 
 log = logging.getLogger(__name__)
 
 
-class ArchiveStep(BaseOperator):
-    """`step` of `topic`'s archive run, on the results of the tasks in `inputs` (argument name →
-    that task's output); its task id is the step's name."""
+class Step(BaseOperator):
+    """`step` of `topic`'s archive or rebuild run, on the results of the tasks in `inputs`
+    (argument name → that task's output); its task id is the step's name."""
 
     template_fields = ("inputs",)
 
     def __init__(
         self,
         *,
-        step: archive_steps.Step,
+        step: steps.StepName,
         topic: str,
         inputs: dict[str, PlainXComArg] | None = None,
         **kwargs: Any,
@@ -46,7 +46,7 @@ class ArchiveStep(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         with fail_fast():
-            return archive_steps.run(self.step, self.topic, context["run_id"], self.inputs)
+            return steps.run(self.step, self.topic, context, self.inputs)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
         """The step failed in the triggerer: run it here, where a failure is handled."""

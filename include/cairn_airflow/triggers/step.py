@@ -1,14 +1,15 @@
-"""`StepTrigger`: an archive run's bookkeeping step (`cairn_airflow.archive_steps`) run in the
+"""`StepTrigger`: a step of an archive or rebuild run (`cairn_airflow.steps`) run in the
 triggerer, where its task starts (Airflow's `start_from_trigger`).
 
 A worker would fork a task process and parse the topic's DAG file for each of these steps, a
 few hundred milliseconds of plain Python and a few object-storage requests: under load the
 start, not the step, took most of a run's time. Here the step runs in a thread of the
-triggerer, on the results its upstream tasks pushed; its result is pushed as the task's
-`return_value`, and the trigger ends the task from here, as succeeded or skipped (no worker
-takes it up). Whatever goes wrong here, and a step only a worker can finish (`NeedsWorker`),
-sends the task to a worker, which runs the step again (each is idempotent) with the usual
-failure handling: a permanent error fails it at once, anything else is retried.
+triggerer, with the task's context and the results its upstream tasks pushed; its result is
+pushed as the task's `return_value`, and the trigger ends the task from here, as succeeded or
+skipped (no worker takes it up). Whatever goes wrong here, and a step only a worker can finish
+(`NeedsWorker`), sends the task to a worker, which runs the step again (each is idempotent)
+with the usual failure handling: a permanent error fails it at once, anything else is
+retried.
 
 A restarted triggerer starts the trigger again from the database, so the step runs again. The
 arguments name the step, the topic and the upstream tasks, no secret.
@@ -25,7 +26,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
-from cairn_airflow import archive_steps
+from cairn_airflow import steps
 from cairn_airflow.failures import NeedsWorker
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 class StepTrigger(BaseTrigger):
     """Runs one archive step and ends its task, or sends the task to a worker."""
 
-    def __init__(self, step: archive_steps.Step, topic: str, upstream: dict[str, str]) -> None:
+    def __init__(self, step: steps.StepName, topic: str, upstream: dict[str, str]) -> None:
         """`upstream`: the step's argument name → the upstream task whose result it is."""
         super().__init__()
         self.step, self.topic, self.upstream = step, topic, upstream
@@ -67,7 +68,7 @@ class StepTrigger(BaseTrigger):
             name: ti.xcom_pull(task_ids=task_id, map_indexes=-1)
             for name, task_id in self.upstream.items()
         }
-        result = archive_steps.run(self.step, self.topic, ti.run_id, inputs)
+        result = steps.run(self.step, self.topic, ti.get_template_context(), inputs)
         # Stored as a worker stores it: an ending event's `xcoms` reach the task SDK JSON-encoded
         # once more (a string, not the dict), and the triggerer's task instance cannot push one
         # (its task lacks `returns_dag_result`), in Airflow 3.3.

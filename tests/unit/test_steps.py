@@ -13,8 +13,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.triggers.base import TaskSkippedEvent, TaskSuccessEvent
 
 from cairn.errors import PermanentError
-from cairn_airflow import archive_steps, assets
-from cairn_airflow.operators.step import ArchiveStep
+from cairn_airflow import assets, steps
+from cairn_airflow.operators.step import Step
 from cairn_airflow.triggers import step as step_trigger
 from cairn_airflow.triggers.step import StepTrigger
 
@@ -22,11 +22,15 @@ RESULTS: dict = {"plan": {"claim": "c"}, "verify": {"files": 2}}
 
 
 class TI(SimpleNamespace):
-    """What the triggerer gives a trigger: the task instance, to pull its upstream results."""
+    """What the triggerer gives a trigger: the task instance, to pull its upstream results and
+    render its context."""
 
     def xcom_pull(self, task_ids: str, map_indexes: int) -> dict:
         assert map_indexes == -1  # the triggerer serves one XCom, not the all-indexes query
         return RESULTS[task_ids]
+
+    def get_template_context(self) -> dict:
+        return {"run_id": self.run_id, "dag_run": SimpleNamespace(run_type=self.run_type)}
 
 
 @pytest.fixture
@@ -46,20 +50,24 @@ def calls(monkeypatch) -> list:
     """The steps' calls (topic, run id, arguments); `commit` fails when told to."""
     calls = []
 
-    def commit(cfg, run_id, planned, report):
-        calls.append((cfg, run_id, planned, report))
+    def commit(cfg, context, planned, report):
+        calls.append((cfg, context["run_id"], planned, report))
         if report.get("fail"):
             raise report["fail"]
         return {"seq": 7}
 
-    monkeypatch.setattr(archive_steps, "find_topic", lambda topic: f"<entry of {topic}>")
-    monkeypatch.setitem(archive_steps.STEPS, "commit", commit)
+    monkeypatch.setattr(steps, "find_topic", lambda topic: f"<entry of {topic}>")
+    monkeypatch.setitem(steps.STEPS, "commit", commit)
     return calls
 
 
-def events(trigger: StepTrigger) -> list:
+def events(trigger: StepTrigger, run_type: str = "manual") -> list:
     trigger.task_instance = TI(
-        dag_id="archive__orders", task_id=trigger.step, run_id="manual__1", map_index=-1
+        dag_id="archive__orders",
+        task_id=trigger.step,
+        run_id="manual__1",
+        map_index=-1,
+        run_type=run_type,
     )
 
     async def run():
@@ -90,7 +98,7 @@ def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again
     assert not isinstance(sent, TaskSuccessEvent) and stored == []
     assert sent.payload == {"on_worker": "ConnectionError: S3 hiccup"}
 
-    step = ArchiveStep(step="commit", topic="orders")
+    step = Step(step="commit", topic="orders")
     step.inputs = {"planned": {"claim": "c"}, "report": {"files": 2}}  # as rendered there
     assert step.resume({"run_id": "manual__1"}, sent.payload) == {"seq": 7}
     assert len(calls) == 2
@@ -105,17 +113,17 @@ def test_a_plan_with_nothing_new_skips_its_task_from_the_triggerer_and_on_a_work
 ):
     """The tasks that need a plan are then skipped by their trigger rule; `complete` runs."""
     lags = []
-    monkeypatch.setattr(archive_steps, "storage", lambda cfg: "<storage>")
-    monkeypatch.setattr(archive_steps, "kafka_conf", lambda: "<kafka>")
-    monkeypatch.setattr(archive_steps, "remember_lag", lambda topic, lag: lags.append(lag))
-    monkeypatch.setattr(archive_steps.archive_run, "plan_run", lambda *args: None)
-    monkeypatch.setattr(archive_steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
+    monkeypatch.setattr(steps, "storage", lambda cfg: "<storage>")
+    monkeypatch.setattr(steps, "kafka_conf", lambda: "<kafka>")
+    monkeypatch.setattr(steps, "remember_lag", lambda topic, lag: lags.append(lag))
+    monkeypatch.setattr(steps.archive_run, "plan_run", lambda *args: None)
+    monkeypatch.setattr(steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
 
     [skipped] = events(StepTrigger("plan", "orders", {}))
 
     assert isinstance(skipped, TaskSkippedEvent) and stored == [] and lags == [0.0]
     with pytest.raises(AirflowSkipException, match="orders: nothing new in Kafka"):
-        ArchiveStep(step="plan", topic="orders").execute({"run_id": "manual__1"})
+        Step(step="plan", topic="orders").execute({"run_id": "manual__1"})
 
 
 @pytest.mark.parametrize(("more", "ends"), [(True, TaskSuccessEvent), (False, TaskSkippedEvent)])
@@ -132,7 +140,7 @@ def test_more_waiting_starts_the_next_run_only_at_the_cap(calls, stored, more, e
 def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_their_events(
     calls, stored, monkeypatch
 ):
-    monkeypatch.setattr(archive_steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
+    monkeypatch.setattr(steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
     RESULTS["complete"] = {"topic": "orders", "through": "2024-06-01"}
     try:
         [idle] = events(StepTrigger("announce", "orders", {"done": "complete"}))
@@ -148,7 +156,7 @@ def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_thei
     outlet.add_partitions = outlet.keys.extend
     asset = assets.topic_asset("orders")
     monkeypatch.setattr(assets, "get_current_context", lambda: {"outlet_events": {asset: outlet}})
-    step = ArchiveStep(step="announce", topic="orders", outlets=[asset])
+    step = Step(step="announce", topic="orders", outlets=[asset])
     step.inputs = {
         "done": {"topic": "orders", "through": "2024-06-01", "completed": ["2024-06-01"]}
     }
@@ -156,9 +164,38 @@ def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_thei
     assert outlet.keys == ["2024-06-01"] and outlet.extra["topic"] == "orders"
 
 
+def test_a_rebuild_runs_only_when_asked_its_scheduled_runs_skip_in_the_triggerer(
+    calls, stored, monkeypatch
+):
+    """The daily timetable gives backfills their dates; the runs it schedules by itself (one
+    per topic a day, one per new topic) start no worker process."""
+    selected = []
+    monkeypatch.setattr(steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
+    monkeypatch.setattr(steps, "storage", lambda cfg: "<storage>")
+    monkeypatch.setattr(steps.rebuild, "select", lambda *args: selected.append(args))
+
+    [skipped] = events(StepTrigger("select", "orders", {}), run_type="scheduled")
+
+    assert isinstance(skipped, TaskSkippedEvent) and stored == [] and selected == []
+    with pytest.raises(AirflowSkipException, match="only when asked"):
+        Step(step="select", topic="orders").execute(
+            {"run_id": "scheduled__1", "dag_run": SimpleNamespace(run_type="scheduled")}
+        )
+    context = {
+        "run_id": "manual__2",
+        "dag_run": SimpleNamespace(run_type="manual"),
+        "params": {"from_date": "2024-06-01", "to_date": "2024-06-02"},
+    }
+    with pytest.raises(AirflowSkipException, match="nothing filed under"):
+        Step(step="select", topic="orders").execute(context)  # asked, but nothing to rebuild
+    [(_, _, dates, run_id)] = selected
+    assert [d.isoformat() for d in dates] == ["2024-06-01", "2024-06-02"]
+    assert run_id == "manual__2"
+
+
 def test_the_trigger_serializes_with_no_secret_and_names_a_step_that_exists():
     kwargs = {"step": "verify", "topic": "orders", "upstream": {"planned": "plan"}}
     path, back = StepTrigger(**kwargs).serialize()
     assert path == "cairn_airflow.triggers.step.StepTrigger" and back == kwargs
-    assert set(archive_steps.STEPS) == set(archive_steps.Step.__args__)
-    assert "verify" in archive_steps.STEPS
+    assert set(steps.STEPS) == set(steps.StepName.__args__)
+    assert "verify" in steps.STEPS

@@ -1,0 +1,144 @@
+"""The steps of an archive run around its Spark job — plan, clean, verify, commit, complete,
+check_health, announce, more_waiting — and a rebuild's select, each one call into
+`cairn.pipeline` (or Cairn's Airflow glue), written once for both places a step runs: the
+triggerer, where its task starts (`cairn_airflow.triggers.step`: no worker process, no DAG file
+parsed), and a worker, where it goes when that fails or when only a worker can finish it
+(`failures.NeedsWorker`; `cairn_airflow.operators.step`). A step skips its task (and so the
+tasks that need its result) by raising `AirflowSkipException`, in either place. Each is safe to
+run again: the commit protocol makes every step idempotent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from airflow.sdk.exceptions import AirflowSkipException
+
+from cairn.config import TopicConfig
+from cairn.pipeline import archive_run, completeness, rebuild
+from cairn.protocol.manifest import VerifyReport
+from cairn.topics_file import find_topic
+from cairn_airflow import assets
+from cairn_airflow.hooks.connections import kafka_conf, storage
+from cairn_airflow.notifications import notifier
+from cairn_airflow.priority import remember_lag
+from cairn_airflow.root_memory import earlier_roots, remember_root
+from cairn_airflow.stats import report_run
+
+log = logging.getLogger(__name__)
+
+StepName = Literal[
+    "plan",
+    "clean",
+    "verify",
+    "commit",
+    "complete",
+    "check_health",
+    "announce",
+    "more_waiting",
+    "select",
+]
+Context = Mapping[str, Any]
+"""The task's Airflow context (a worker's, or the one the triggerer renders its fields with)."""
+
+
+def plan(cfg: TopicConfig, context: Context) -> dict:
+    """Claim the run's offsets. Nothing new skips the tasks that need a plan (clean through
+    commit and check_health): `complete` still runs, so idle partitions do not hold dates back."""
+    planned = archive_run.plan_run(
+        cfg, storage(cfg), kafka_conf(), context["run_id"], lambda: earlier_roots(cfg)
+    )
+    if planned is None:
+        remember_lag(cfg.topic, 0.0)
+        raise AirflowSkipException(
+            f"topic {cfg.topic}: nothing new in Kafka; no Spark job, no token"
+        )
+    log.info("%s: reading %s", planned.claim.label, planned.plan.to_read)
+    return planned.model_dump(mode="json")
+
+
+def clean(cfg: TopicConfig, context: Context, planned: dict) -> list[str]:
+    """Discard what fenced-out attempts staged; rewound files stay until the commit."""
+    return archive_run.clean_run(storage(cfg), archive_run.Planned.model_validate(planned))
+
+
+def verify(cfg: TopicConfig, context: Context, planned: dict) -> dict:
+    report = archive_run.verify_run(storage(cfg), archive_run.Planned.model_validate(planned))
+    return report.model_dump(mode="json")
+
+
+def commit(cfg: TopicConfig, context: Context, planned: dict, report: dict) -> dict:
+    summary = archive_run.commit_run(
+        cfg,
+        storage(cfg),
+        archive_run.Planned.model_validate(planned),
+        VerifyReport.model_validate(report),
+        kafka_conf(),
+    )
+    log.info("run summary: %s", summary.model_dump_json(indent=2))
+    report_run(cfg, summary.seq)
+    remember_lag(cfg.topic, summary.time_lag_seconds)
+    remember_root(cfg)
+    return summary.model_dump(mode="json")
+
+
+def complete(cfg: TopicConfig, context: Context) -> dict:
+    """Write `_SUCCESS` into dates that became complete or changed (docs/table.md)."""
+    done = completeness.complete_run(cfg, storage(cfg), kafka_conf(), context["run_id"])
+    return done.model_dump(mode="json")
+
+
+def check_health(cfg: TopicConfig, context: Context, summary: dict) -> list[str]:
+    """Fail, calling the notifier, if the topic is past max_time_lag or max_quarantine_ratio
+    (docs/operating.md, Alerts): on a worker, where the failure is handled."""
+    return notifier.check_health(cfg)
+
+
+def announce(cfg: TopicConfig, context: Context, done: dict) -> list[str]:
+    """One asset event per date that became complete or changed; skipped if none."""
+    return assets.announce_dates(assets.topic_asset(cfg.topic), done)
+
+
+def more_waiting(cfg: TopicConfig, context: Context, summary: dict) -> bool:
+    """At the per-run cap: start the next run now (`drain_backlog`) instead of waiting for the
+    records' next firing or the schedule; otherwise skip it."""
+    if not summary["more_waiting"]:
+        raise AirflowSkipException("the run read all that waited")
+    return True
+
+
+def select(cfg: TopicConfig, context: Context) -> dict:
+    """A rebuild's dates and backup files. Rebuilds run only when asked (a backfill, a clear or
+    a trigger): the daily timetable exists so that backfills have dates, and the runs it
+    schedules by itself — one per topic at midnight, and one for each new topic — skip here,
+    in the triggerer, with the rest of their run."""
+    if context["dag_run"].run_type == "scheduled":
+        raise AirflowSkipException("rebuilds run only when asked (backfill, clear or trigger)")
+    start = context.get("data_interval_start")
+    day = start.in_timezone(cfg.timezone).date() if start is not None else None
+    params = context["params"]
+    dates = rebuild.run_dates(day, params.get("from_date"), params.get("to_date"))
+    chosen = rebuild.select(storage(cfg), cfg, dates, context["run_id"])
+    if chosen is None:
+        raise AirflowSkipException(f"topic {cfg.topic} has nothing filed under {dates}")
+    log.info("%s: %d backup files", chosen.claim.label, len(chosen.sources))
+    return chosen.model_dump(mode="json")
+
+
+STEPS: dict[StepName, Callable[..., Any]] = {
+    "plan": plan,
+    "clean": clean,
+    "verify": verify,
+    "commit": commit,
+    "complete": complete,
+    "check_health": check_health,
+    "announce": announce,
+    "more_waiting": more_waiting,
+    "select": select,
+}
+
+
+def run(step: StepName, topic: str, context: Context, inputs: dict[str, Any]) -> Any:
+    """`step` of `topic`'s run, on its upstream tasks' results `inputs` (by name)."""
+    return STEPS[step](find_topic(topic), context, **inputs)
