@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,9 +249,13 @@ class TopicNotConfigured(PermanentError, LookupError):
     can run until the topics file is fixed, and retrying will not fix it."""
 
 
-Stamp = tuple[tuple[str, int, int, int] | tuple[str], ...]
-_FOUND: dict[tuple[str, str], tuple[Stamp, TopicConfig]] = {}
-"""`find_topic`'s answers in this process, each with the stamps of the files it was read from."""
+SETTLED_NS = 2_000_000_000
+"""A file modified this shortly before a load began may have changed after it was read (a
+file's modification time is as coarse as the kernel's clock tick): its load is not trusted."""
+_LOADED: dict[str, tuple[int, LoadResult]] = {}
+"""Per topics path, the last load of it in this process and when (ns) the load began."""
+_FOUND: dict[tuple[str, str], tuple[int, tuple[Path, ...], TopicConfig]] = {}
+"""`find_topic`'s answers: when the load they came from began, the files they depend on."""
 
 
 def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
@@ -258,41 +263,57 @@ def find_topic(topic: str, path: str | Path = TOPICS_FILE) -> TopicConfig:
     naming the entry's mistakes (file, line, field), if the topic is not configured or its
     entry is invalid.
 
-    Read again only when a topics file, or a file the entry names (its schemas), changed: the
-    triggerer asks for every step of every run, and reading 1,000 entries takes half a second."""
+    One load of the topics files serves every topic until a topics file, or a file the entry
+    names (its schemas), changes: the triggerer asks for every step of every run, and reading
+    1,000 entries takes half a second."""
     key = (str(path), topic)
     found = _FOUND.get(key)
-    if found is not None and found[0] == _stamp(path, found[1]):
-        return found[1]
-    cfg = _find_topic(topic, path)
-    _FOUND[key] = (_stamp(path, cfg), cfg)
+    if found is not None:
+        began, depends, cfg = found
+        if _depends(path, cfg) == depends and _unchanged(depends, began):
+            return cfg
+    cached = _LOADED.get(str(path))
+    reused = cached is not None and _current(path, *cached)
+    began, loaded = cached if cached is not None and reused else _load(path)
+    cfg = _find_topic(topic, path, loaded)
+    depends = _depends(path, cfg)
+    if reused and not _unchanged(depends, began):
+        began, loaded = _load(path)  # its schemas changed since that load: read them again
+        cfg = _find_topic(topic, path, loaded)
+        depends = _depends(path, cfg)
+    _FOUND[key] = (began, depends, cfg)
     return cfg
 
 
-def _stamp(path: str | Path, cfg: TopicConfig) -> Stamp:
-    """What changes when the topics files, or the files `cfg` names, are edited, added or
-    removed: each file's modification time, size and inode."""
+def _load(path: str | Path) -> tuple[int, LoadResult]:
+    """A new load of `path`, which later lookups of any topic share, and when it began."""
+    began = time.time_ns()
+    _LOADED[str(path)] = loaded = (began, load_topics(path))
+    return loaded
+
+
+def _current(path: str | Path, began: int, loaded: LoadResult) -> bool:
+    """Whether the topics files are those a load read, none modified since it began."""
+    return topic_files(Path(path)) == loaded.files and _unchanged(loaded.files, began)
+
+
+def _depends(path: str | Path, cfg: TopicConfig) -> tuple[Path, ...]:
+    """The files `cfg` was read from: the topics files and the files the entry names."""
     named = [cfg.schema_file] if cfg.schema_file else []
+    named += FORMATS[cfg.format].files(cfg)
+    return (*topic_files(Path(path)), *(cfg.base_dir / name for name in named))
+
+
+def _unchanged(files: Iterable[Path], began: int) -> bool:
+    """Whether none of `files` was modified (or removed) since a load that began at `began`."""
     try:
-        files = [
-            *topic_files(Path(path)),
-            *(cfg.base_dir / n for n in named + FORMATS[cfg.format].files(cfg)),
-        ]
+        return all(file.stat().st_mtime_ns < began - SETTLED_NS for file in files)
     except OSError:
-        return ((str(path),),)  # gone: never equal to a stamp taken while it was there
-    stamps: list[tuple[str, int, int, int] | tuple[str]] = []
-    for file in files:
-        try:
-            stat = file.stat()
-        except OSError:
-            stamps.append((str(file),))
-        else:
-            stamps.append((str(file), stat.st_mtime_ns, stat.st_size, stat.st_ino))
-    return tuple(stamps)
+        return False
 
 
-def _find_topic(topic: str, path: str | Path) -> TopicConfig:
-    loaded = load_topics(path).resolve([topic])
+def _find_topic(topic: str, path: str | Path, written: LoadResult) -> TopicConfig:
+    loaded = written.resolve([topic])
     for cfg in loaded.topics:
         if cfg.topic == topic:
             return cfg

@@ -312,26 +312,52 @@ def test_find_topic_reads_the_files_again_only_when_they_or_the_entrys_schemas_c
     tmp_path, monkeypatch
 ):
     """The triggerer asks for every step of every run: reading 1,000 entries each time cost half
-    a second, so an answer stands until a topics file or a file the entry names changes."""
+    a second, so one read serves every topic until a topics file or a file the entry names
+    changes. Times are simulated: a file's modification time, and when each read began."""
+    import os
+    from types import SimpleNamespace
+
     from cairn import topics_file
 
     reads = []
     monkeypatch.setattr(topics_file, "load_topics", lambda p: reads.append(p) or load_topics(p))
-    entry = "topics:\n  - topic: t\n    format: json\n    schema: schemas/e.avsc\n"
-    entry += "    event_time: {{field: ts, encoding: epoch_millis}}\n    max_time_lag: {lag}\n"
-    path = write(tmp_path, entry.format(lag="1h"))
-    first = find_topic("t", path)
-    assert find_topic("t", path) is first and len(reads) == 1
+    clock = [10**18]
+    monkeypatch.setattr(topics_file, "time", SimpleNamespace(time_ns=lambda: clock[0]))
+    second = 10**9
 
-    path.write_text(entry.format(lag="90m"))  # the entry changed
+    def edited(file: Path, text: str | None = None) -> None:
+        """`file` written now (`text`, or as it is), then the clock moves on 10 seconds."""
+        if text is not None:
+            file.write_text(text)
+        os.utime(file, ns=(clock[0], clock[0]))
+        clock[0] += 10 * second
+
+    entry = "  - topic: {name}\n    format: json\n    schema: schemas/e.avsc\n"
+    entry += "    event_time: {{field: ts, encoding: epoch_millis}}\n    max_time_lag: {lag}\n"
+    text = "topics:\n" + entry.format(name="t", lag="1h") + entry.format(name="u", lag="1h")
+    path = write(tmp_path, text)
+    schema = tmp_path / "schemas" / "e.avsc"
+    edited(path), edited(schema)
+    first = find_topic("t", path)
+    assert find_topic("t", path) is first and find_topic("u", path).topic == "u"
+    assert len(reads) == 1  # one read for both topics
+
+    edited(path, text.replace("1h", "90m"))  # the entries changed
     assert find_topic("t", path).max_time_lag.total_seconds() == 5400 and len(reads) == 2
-    assert find_topic("t", path).max_time_lag.total_seconds() == 5400 and len(reads) == 2
+    assert find_topic("u", path).max_time_lag.total_seconds() == 5400 and len(reads) == 2
 
     wider = {**SCHEMA, "fields": [*SCHEMA["fields"], {"name": "id", "type": "string"}]}
-    (tmp_path / "schemas" / "e.avsc").write_text(json.dumps(wider))  # its schema changed
+    edited(schema, json.dumps(wider))  # their schema changed
     assert [f["name"] for f in find_topic("t", path).user_schema["fields"]] == ["ts", "id"]
     assert len(reads) == 3
+    assert "id" in {f["name"] for f in find_topic("u", path).user_schema["fields"]}
+    assert len(reads) == 3
 
-    (tmp_path / "schemas" / "e.avsc").unlink()  # its schema is gone: an error, not the old entry
+    path.write_text(text)  # changed while the clock did not move: not trusted, read each time
+    assert find_topic("t", path).max_time_lag.total_seconds() == 3600 and len(reads) == 4
+    find_topic("t", path)
+    assert len(reads) == 5
+
+    schema.unlink()  # its schema is gone: an error, not the entry as it was
     with pytest.raises(LookupError, match=r"e\.avsc"):
         find_topic("t", path)
