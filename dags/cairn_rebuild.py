@@ -14,7 +14,6 @@ dates a run, which a backfill's default reprocess behavior, `none`, skips).
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
@@ -29,8 +28,6 @@ from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.connections import storage
 from cairn_airflow.operators.spark import CairnSparkOperator
 from cairn_airflow.operators.step import Step
-
-log = logging.getLogger(__name__)
 
 
 def rebuild_dag(cfg: TopicConfig) -> DAG:

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class StepTrigger(BaseTrigger):
-    """Runs one archive step and ends its task, or sends the task to a worker."""
+    """Runs one step and ends its task, or sends the task to a worker."""
 
     def __init__(self, step: steps.StepName, topic: str, upstream: dict[str, str]) -> None:
         """`upstream`: the step's argument name → the upstream task whose result it is."""
