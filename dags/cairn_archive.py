@@ -3,8 +3,8 @@ check_health, and complete → announce (the dates that became complete, as asse
 
 Only wiring: each task is one call into `cairn.pipeline.archive_run` (or the Spark job). Every
 task but `drain_backlog` starts in the triggerer, not on a worker: the archive task and the
-steps around it (`Step`, `cairn_airflow.steps`); a worker takes one only to
-finish what the triggerer cannot (a failure, a Spark job of its own, asset events to emit).
+steps around it (`Step`, `cairn_airflow.steps`); a worker takes one only to finish what the
+triggerer cannot (a failure, a Spark job of its own, asset events to emit).
 Topics come from include/topics.yaml; pattern entries are matched against the topic list that
 the `cairn_discover_topics` DAG caches in the `cairn_kafka_topics` Variable, so parsing this
 file never queries Kafka.
