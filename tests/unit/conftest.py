@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +30,15 @@ def as_read(record: dict[str, Any]) -> dict[str, Any]:
         k: _EPOCH + timedelta(milliseconds=v) if k in TIMESTAMP_FIELDS and isinstance(v, int) else v
         for k, v in record.items()
     }
+
+
+@pytest.fixture(autouse=True)
+def _connections_resolved_afresh() -> None:
+    """Each test resolves Airflow connections itself: a process reuses them for a minute
+    (`cairn_airflow.hooks.connections`)."""
+    if connections := sys.modules.get("cairn_airflow.hooks.connections"):
+        connections.connection.cache_clear()
+        connections._aws_options.cache_clear()
 
 
 @pytest.fixture

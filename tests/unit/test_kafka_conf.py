@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -228,8 +229,10 @@ def test_stack_ca_is_a_ca_and_the_server_certificate_names_the_host(tmp_path):
     assert keystore.stat().st_mode & 0o077 == 0
 
 
-def test_the_airflow_edge_reads_the_kafka_providers_connection(monkeypatch):
-    from cairn_airflow.hooks.connections import kafka_conf
+def test_the_airflow_edge_reads_the_kafka_providers_connection_and_reuses_it_a_minute(
+    monkeypatch,
+):
+    from cairn_airflow.hooks.connections import CONNECTION_SECONDS, connection, kafka_conf
 
     conn = {"conn_type": "kafka", "extra": sasl_ssl()}
     monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps(conn))
@@ -237,6 +240,9 @@ def test_the_airflow_edge_reads_the_kafka_providers_connection(monkeypatch):
     assert kafka.describe() == f"{LABEL} (bootstrap servers b1:9094,b2:9094)"
     assert kafka.spark_options() == KafkaConf(sasl_ssl()).spark_options()
 
+    # changed: the process goes on with what it resolved until CONNECTION_SECONDS have passed
     monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps({**conn, "conn_type": "generic"}))
+    assert kafka_conf().describe() == kafka.describe()
+    connection.cache.expire(time.monotonic() + CONNECTION_SECONDS + 1)
     with pytest.raises(KafkaConfigError, match=f"{LABEL} is of type 'generic'"):
         kafka_conf()

@@ -199,6 +199,9 @@ def test_a_root_whose_connection_does_not_exist_fails_the_task_at_once(monkeypat
     failed = pytest.raises(AirflowFailException, match="ConnectionMissing: topic 'orders'")
     with failed, fail_fast():
         storage_options(s3_topic("missing_s3"))
+    # a missing connection is not remembered: created, the next use finds it
+    set_connection(monkeypatch, "missing_s3", login="AKIAEXAMPLEKEY", password="secret")
+    assert storage_options(s3_topic("missing_s3"))["key"] == "AKIAEXAMPLEKEY"
 
 
 def test_local_roots_need_no_connection():

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 
-from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from cairn.table.catalog import Catalog
+from cairn_airflow.hooks.connections import connection
 
 CATALOG_CONN_ID = os.environ.get("CAIRN_CATALOG_CONN_ID", "cairn_catalog")
 
@@ -23,7 +23,7 @@ CATALOG_CONN_ID = os.environ.get("CAIRN_CATALOG_CONN_ID", "cairn_catalog")
 def catalog() -> Catalog | None:
     """The catalog the connection describes; None if there is no such connection."""
     try:
-        conn = BaseHook.get_connection(CATALOG_CONN_ID)
+        conn = connection(CATALOG_CONN_ID)
     except AirflowNotFoundException:
         return None
     fields = dict(conn.extra_dejson)

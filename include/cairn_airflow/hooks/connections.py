@@ -4,16 +4,25 @@ Resolved when a task runs, never while a DAG file is parsed: the Kafka connectio
 librdkafka configuration (`cairn.kafka.connection` checks it), an `s3://<conn>@…` archive root's
 connection is an AWS one resolved by the Amazon provider, and an avro topic's Schema Registry is
 an `http` connection.
+
+Each process reuses what it resolved for `CONNECTION_SECONDS`. A worker runs one task and would
+not notice; the triggerer runs the steps of many runs at once in one process, where every read
+of a connection (and each of its secrets, masked) is a round trip through the triggerer's one
+supervisor loop, and Python 3.11 lets only one thread at a time resolve an AWS hook's
+`conn_config`: uncached, the steps queued behind each other's connection reads.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk import BaseHook
 from airflow.sdk.configuration import conf
+from cachetools import TTLCache, cached
 
 from cairn.config import TopicConfig
 from cairn.formats import registry_ids
@@ -26,12 +35,21 @@ from cairn.storage.s3_access import ConnectionMissing, connection_options
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
 LOCAL_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 """Executors that run every task on the scheduler's machine: only they can share a local root."""
+CONNECTION_SECONDS = 60.0
+"""How long a process reuses a resolved connection: a changed one reaches the triggerer's steps
+within this, and a missing one is looked up again at every use."""
+
+
+@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
+def connection(conn_id: str) -> Any:
+    """Airflow's connection `conn_id`, as resolved at most `CONNECTION_SECONDS` ago."""
+    return BaseHook.get_connection(conn_id)
 
 
 def kafka_conf() -> KafkaConf:
     """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
     configuration, checked to be usable by every client Cairn runs (`cairn.kafka.connection`)."""
-    return _kafka_conf(BaseHook.get_connection(KAFKA_CONN_ID))
+    return _kafka_conf(connection(KAFKA_CONN_ID))
 
 
 async def akafka_conf() -> KafkaConf:
@@ -50,15 +68,22 @@ def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, A
     """fsspec options for the topic's archive root. An S3 root's connection is an AWS
     connection, resolved by the Amazon provider (keys, session token, assumed role, profile,
     endpoint, region); `for_spark` leaves the keys out when the cluster uses its own role."""
-    root = cfg.root
-    if root.scheme == "file":
+    if cfg.root.scheme == "file":
         return {}
-    hook = AwsBaseHook(aws_conn_id=root.conn_id, client_type="s3")
+    try:
+        return copy.deepcopy(_aws_options(cfg.root.conn_id, for_spark))
+    except LookupError:  # the provider would fall back to the worker's own credentials
+        raise ConnectionMissing(cfg.topic, cfg.root.conn_id) from None
+
+
+@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
+def _aws_options(conn_id: str | None, for_spark: bool) -> dict[str, Any]:
+    hook = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
     conn = hook.conn_config
-    if not conn:  # the provider would fall back to the worker's own credentials
-        raise ConnectionMissing(cfg.topic, root.conn_id)
+    if not conn:
+        raise LookupError(conn_id)
     return connection_options(
-        root.conn_id,
+        conn_id,
         conn.extra_config,
         conn.get_service_endpoint_url("s3"),
         conn.region_name,
@@ -88,7 +113,7 @@ def schema_registries(cfg: TopicConfig) -> dict[str, dict[str, Any]]:
     and client settings in the extra."""
     found = {}
     for conn_id in registry_ids(cfg):
-        conn = BaseHook.get_connection(conn_id)
+        conn = connection(conn_id)
         found[conn_id] = registry_config(
             conn.host or "", conn.port, conn.login, conn.password, conn.extra_dejson
         )

@@ -202,8 +202,8 @@ class SharedArchiveTrigger(BaseTrigger):
         """Checks the run's claim as a worker would (`cairn_airflow.job_inputs`), then resolves
         its job's input only if it shares a job: a worker resolves its own."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-        from airflow.sdk import BaseHook
 
+        from cairn_airflow.hooks.connections import connection
         from cairn_airflow.job_inputs import checked, job_input
 
         ti: Any = self.task_instance
@@ -216,7 +216,7 @@ class SharedArchiveTrigger(BaseTrigger):
             return f"try {ti.try_number}: a retried or cleared run's job is its own"
         if not cfg.share_spark_job:
             return "share_spark_job is false"
-        conn = BaseHook.get_connection(self.spark_conn_id)
+        conn = connection(self.spark_conn_id)
         if conn.conn_type != SparkConnectHook.conn_type:
             return f"connection {self.spark_conn_id!r} is of type {conn.conn_type!r}"
         job = job_input("archive", cfg, planned)
