@@ -6,6 +6,7 @@ asset events), sends the task to a worker to run the step again."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -87,6 +88,37 @@ def test_a_step_runs_in_the_triggerer_on_its_upstream_results_and_ends_its_task(
     where = {"dag_id": "archive__orders", "task_id": "commit", "run_id": "manual__1"}
     assert stored == [("return_value", {"seq": 7}, {**where, "map_index": -1})]
     assert not done.xcoms
+
+
+def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch, stored):
+    """Steps mostly wait (on storage, Kafka and the triggerer's supervisor): twenty of them
+    wait together, where asyncio's default pool (the CPU count plus four) would have run a
+    few and queued the rest."""
+    together = threading.Barrier(20, timeout=10)
+
+    def commit(cfg, context, planned, report):
+        together.wait()  # returns only once all twenty are waiting at the same moment
+        return {"seq": 7}
+
+    monkeypatch.setattr(steps, "find_topic", lambda topic: f"<entry of {topic}>")
+    monkeypatch.setitem(steps.STEPS, "commit", commit)
+
+    async def burst() -> list:
+        triggers = [
+            StepTrigger("commit", f"t{i}", {"planned": "plan", "report": "verify"})
+            for i in range(20)
+        ]
+        for trigger in triggers:
+            trigger.task_instance = TI(
+                dag_id="archive__t", task_id="commit", run_id="r", map_index=-1, run_type="x"
+            )
+        async def ended(trigger: StepTrigger) -> list:
+            return [event async for event in trigger.run()]
+
+        return await asyncio.gather(*map(ended, triggers))
+
+    assert all(isinstance(done, TaskSuccessEvent) for [done] in asyncio.run(burst()))
+    assert len(stored) == 20
 
 
 def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again(calls, stored):
