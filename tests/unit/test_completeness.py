@@ -232,10 +232,17 @@ def test_late_records_amend_a_complete_date_and_a_rebuild_rewrites_it(topic, mon
     first = topic.marker(D1)
     topic.produce(event(0, 3, "2024-06-02T05:00", "2024-06-01T20:00"))  # hours too late
     topic.archive("2024-06-02T05:05")
+    opened = []
+    read = topic.storage.open_read
+    monkeypatch.setattr(topic.storage, "open_read", lambda key: opened.append(key) or read(key))
     done = topic.check(monkeypatch, "2024-06-02T05:10", "late")
     assert done.amended == [D1] and done.completed == [] and done.partition_keys == ["2024-06-01"]
     amended = topic.marker(D1)
     assert amended.records == first.records + 1 and amended.amendments == 1
+    # recounted from the files, but only the late run's file was read: the others' counts are
+    # remembered by version
+    assert [parse_data_key(k).folder for k in opened] == ["dt=2024-06-01/hr=20"]
+    assert amended.files == first.files + 1
     assert amended.change == "amended" and amended.completed_at == first.completed_at
 
     manifest = rebuild(topic.storage, topic.cfg, D1)

@@ -20,7 +20,10 @@ rebuild of D does the same.
 The marker, `partitioned/<topic>/<date folder>/_SUCCESS`, holds the date's counts recounted from
 the data files themselves (records per partitioned folder, the quarantined records of that
 processing date, files), the token they include and when D completed. Spark, Hive and Trino skip
-`_` files and `parse_data_key` ignores it, so nothing that lists data files sees it.
+`_` files and `parse_data_key` ignores it, so nothing that lists data files sees it. A process
+remembers each file version's count (`count_records`): a busy topic's late records amend the
+same dates run after run, and recounting every file of a date each time grew with the date's
+files (24 s of a run's 150 at a hundred topics), while a new run's files are all that changed.
 
 The state, `_complete/<topic>.json`, remembers the newest complete date and the newest token
 whose files were looked at: each step reads only the manifests committed since, to find files
@@ -33,18 +36,20 @@ announced, so a crash between saving the state and Airflow recording the events 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from typing import TYPE_CHECKING, Literal
 
 import fastavro
+from cachetools import LRUCache, cached
 from pydantic import BaseModel, Field, ValidationError
 
 from cairn.errors import PermanentError
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaConf
-from cairn.pipeline.rebuild import day_files
+from cairn.pipeline.rebuild import day_versions
 from cairn.protocol import commit, manifest, tokens
 from cairn.storage.layout import (
     completeness_key,
@@ -269,8 +274,8 @@ def write_marker(
     before = read_marker(storage, topic, folder)
     folders: dict[str, int] = {}
     quarantined = files = 0
-    for f in day_files(storage, topic, cfg.path_format, day):
-        records = count_records(storage, f.key)
+    for f, version in day_versions(storage, topic, cfg.path_format, day).items():
+        records = count_records(storage, f.key, version)
         files += 1
         if f.kind == "quarantine":
             quarantined += records
@@ -308,8 +313,18 @@ def read_marker(storage: Storage, topic: str, folder: str) -> Marker | None:
         return None
 
 
-def count_records(storage: Storage, key: str) -> int:
-    """Records in an Avro file, from its block counts (blocks are not decoded)."""
+COUNTED_FILES = 100_000
+"""File versions whose record counts a process remembers (about 20 MB)."""
+
+
+@cached(
+    LRUCache(COUNTED_FILES),
+    key=lambda storage, key, version: (storage.url, key, version),
+    lock=threading.Lock(),
+)
+def count_records(storage: Storage, key: str, version: str) -> int:
+    """Records in version `version` of an Avro file, from its block counts (blocks are not
+    decoded); a version is counted once per process."""
     with storage.open_read(key) as f:
         return sum(block.num_records for block in fastavro.block_reader(f))
 
