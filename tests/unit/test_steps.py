@@ -112,6 +112,7 @@ def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch, stored):
             trigger.task_instance = TI(
                 dag_id="archive__t", task_id="commit", run_id="r", map_index=-1, run_type="x"
             )
+
         async def ended(trigger: StepTrigger) -> list:
             return [event async for event in trigger.run()]
 
