@@ -222,6 +222,25 @@ def test_publish_moves_the_files_deletes_what_it_replaces_and_checks_every_size(
     assert not storage.list(attempt_prefix(TOPIC, claim.attempt_id))
 
 
+def test_publish_moves_a_runs_files_at_once(storage, monkeypatch):
+    """On S3 each move is a copy, a delete and a size check: a run's files move together, not
+    one after another."""
+    claim = claim_next(storage)
+    adds = stage(storage, claim, KEYS)
+    together = threading.Barrier(len(KEYS), timeout=5)
+    real_move = storage.move
+
+    def move(source: str, target: str) -> None:
+        if target in adds:
+            together.wait()  # returns only once every file's move has begun
+        real_move(source, target)
+
+    monkeypatch.setattr(storage, "move", move)
+    commit.commit(storage, claim, lambda: Change(requirements=ARCHIVE, adds=adds, position={0: 4}))
+    assert data_files(storage) == {key: storage.read(key) for key in KEYS}
+    assert not storage.list(attempt_prefix(TOPIC, claim.attempt_id))
+
+
 @pytest.mark.parametrize("moved", [0, 1, 2])
 def test_a_commit_that_crashed_while_publishing_is_finished_by_the_next_settle(
     storage, monkeypatch, moved
