@@ -81,6 +81,8 @@ class StoragePromises:
         assert storage.list() == ["backup/t/partition=0/x.avro"]
         with pytest.raises(FileNotFoundError):
             storage.move("_attempts/t/a2/missing", "backup/t/partition=0/missing.avro")
+        sizes = storage.sizes(["backup/t/partition=0/x.avro", "backup/t/partition=0/gone.avro"])
+        assert sizes == {"backup/t/partition=0/x.avro": 10, "backup/t/partition=0/gone.avro": None}
 
     def test_create_is_create_if_absent(self, storage: Storage) -> None:
         storage.create("_tokens/t/000000000001.json", b'{"seq": 1}')

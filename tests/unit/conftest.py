@@ -37,7 +37,7 @@ def _connections_resolved_afresh() -> None:
     """Each test resolves Airflow connections itself: a process reuses them for a minute
     (`cairn_airflow.hooks.connections`)."""
     if connections := sys.modules.get("cairn_airflow.hooks.connections"):
-        connections.connection.cache_clear()
+        connections._resolved.cache_clear()
         connections._aws_options.cache_clear()
 
 

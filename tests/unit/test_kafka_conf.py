@@ -232,7 +232,8 @@ def test_stack_ca_is_a_ca_and_the_server_certificate_names_the_host(tmp_path):
 def test_the_airflow_edge_reads_the_kafka_providers_connection_and_reuses_it_a_minute(
     monkeypatch,
 ):
-    from cairn_airflow.hooks.connections import CONNECTION_SECONDS, connection, kafka_conf
+    from cairn_airflow.hooks import connections
+    from cairn_airflow.hooks.connections import CONNECTION_SECONDS, kafka_conf
 
     conn = {"conn_type": "kafka", "extra": sasl_ssl()}
     monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps(conn))
@@ -243,6 +244,6 @@ def test_the_airflow_edge_reads_the_kafka_providers_connection_and_reuses_it_a_m
     # changed: the process goes on with what it resolved until CONNECTION_SECONDS have passed
     monkeypatch.setenv("AIRFLOW_CONN_CAIRN_KAFKA", json.dumps({**conn, "conn_type": "generic"}))
     assert kafka_conf().describe() == kafka.describe()
-    connection.cache.expire(time.monotonic() + CONNECTION_SECONDS + 1)
+    connections._resolved.cache.expire(time.monotonic() + CONNECTION_SECONDS + 1)
     with pytest.raises(KafkaConfigError, match=f"{LABEL} is of type 'generic'"):
         kafka_conf()

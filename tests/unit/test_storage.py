@@ -3,6 +3,7 @@ storage API does with a root it has no backend for."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
@@ -30,3 +31,21 @@ def test_a_root_is_served_by_the_backend_its_scheme_names(tmp_path) -> None:
         Storage("gs://bucket/x")
     with pytest.raises(ValueError, match="no bucket"):
         Storage("s3:///prefix")
+
+
+def test_sizes_are_asked_at_once(monkeypatch) -> None:
+    """A verify asks one size per file the run wrote: on S3 each is a round trip, so they go
+    together, not one after another."""
+    storage = Storage(f"memory://test-{uuid.uuid4().hex}")
+    keys = [f"k{i}" for i in range(8)]
+    for key in keys:
+        storage.write(key, key.encode())
+    together = threading.Barrier(len(keys), timeout=5)
+    stat = storage.backend.stat
+
+    def waiting_stat(key: str):
+        together.wait()  # returns only once every key's request has begun
+        return stat(key)
+
+    monkeypatch.setattr(storage.backend, "stat", waiting_stat)
+    assert storage.sizes(keys) == {key: 2 for key in keys}

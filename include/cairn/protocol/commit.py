@@ -43,7 +43,7 @@ from cairn.storage.layout import (
     pending_key,
     token_key,
 )
-from cairn.storage.objects import ObjectExists, Storage
+from cairn.storage.objects import CONCURRENT_REQUESTS, ObjectExists, Storage
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,6 @@ _TRIES = 20
 _PREFIX: dict[str, str] = {"archive": "a", "rebuild": "r", "seal": "s"}
 _KIND: dict[str, Kind] = {v: k for k, v in _PREFIX.items()}  # type: ignore[misc]
 _ATTEMPT_RE = re.compile(r"([ars])-(\d{12})-(\d{6})-[0-9a-f]+")
-PUBLISH_THREADS = 16
-"""Files a publication moves at once. On S3 each is a copy, a delete and a size check, and a
-busy topic's run writes dozens (late records fill many hours' folders: 51 a run at 500
-records/s in the fleet benchmark), which one at a time took most of its commit step."""
 LIFETIME = timedelta(days=1)
 """How long an attempt may take from its claim to its commit, unless its topic says otherwise
 (`attempt_timeout`)."""
@@ -469,7 +465,9 @@ def publish(storage: Storage, token: Token) -> None:
     if token.replaces and not mark.publishing:
         began = mark.model_copy(update={"token": token, "publishing": True})
         storage.write(marker, began.model_dump_json().encode())
-    with ThreadPoolExecutor(PUBLISH_THREADS) as pool:
+    # on S3 a copy, a delete and a size check each: one at a time, a busy topic's dozens of
+    # files (late records fill many hours' folders) took most of its commit step
+    with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
         moved = pool.map(lambda add: _move_in(storage, prefix, *add), sorted(token.adds.items()))
     problems = [problem for problem in moved if problem]
     if token.manifest is not None:

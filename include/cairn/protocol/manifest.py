@@ -78,8 +78,9 @@ def verify(
     """Check the attempt against the plan and storage; raise VerificationFailed on any mismatch.
 
     `storage` is where the attempt wrote (its staging area): only the files the manifest names
-    are checked, one request each, so verify costs the same however large the archive is.
-    Files of other attempts cannot matter, because only this attempt's files get published.
+    are checked, one request each (`Storage.sizes`), so verify costs the same however large the
+    archive is. Files of other attempts cannot matter, because only this attempt's files get
+    published.
     `plan_ranges` may come straight from JSON (string partition keys, lists).
     """
     ranges = {int(p): (int(start), int(end)) for p, (start, end) in plan_ranges.items()}
@@ -99,8 +100,9 @@ def _check(
     problems: list[str] = []
     seen: set[str] = set()
     by_partition: dict[int, list[FileEntry]] = defaultdict(list)
+    sizes = storage.sizes({e.key for e in manifest.files})
     for entry in manifest.files:
-        problems += _check_entry(manifest, entry, storage, seen)
+        problems += _check_entry(manifest, entry, sizes[entry.key], seen)
         by_partition[entry.partition].append(entry)
     read = {p: n for p, n in manifest.records_read.items() if n}
     for p in sorted(set(planned) | set(read) | set(by_partition)):
@@ -113,7 +115,8 @@ def _non_empty(ranges: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]
     return {p: (start, end) for p, (start, end) in ranges.items() if end > start}
 
 
-def _check_entry(manifest: Manifest, e: FileEntry, storage: Storage, seen: set[str]) -> list[str]:
+def _check_entry(manifest: Manifest, e: FileEntry, size: int | None, seen: set[str]) -> list[str]:
+    """`size`: what storage holds at the entry's key (None: nothing)."""
     if e.key in seen:
         return [f"{e.key} is listed twice"]
     seen.add(e.key)
@@ -131,9 +134,8 @@ def _check_entry(manifest: Manifest, e: FileEntry, storage: Storage, seen: set[s
         return [
             f"{e.key}: {e.records} records do not fit offsets {e.first_offset}..{e.last_offset}"
         ]
-    if not storage.exists(e.key):
+    if size is None:
         return [f"{e.key} is missing"]
-    size = storage.size(e.key)
     if size != e.bytes:
         return [f"{e.key} has {size} bytes, the manifest says {e.bytes}"]
     return []

@@ -13,7 +13,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -27,6 +28,9 @@ __all__ = ["BACKENDS", "ObjectExists", "Storage"]
 
 BACKENDS: dict[str, type[Backend]] = {"file": LocalDisk, "s3": S3Bucket, "memory": InMemory}
 """The backend of each archive root scheme."""
+CONCURRENT_REQUESTS = 16
+"""Requests a step that checks or moves many files sends at once (`Storage.sizes`, a commit's
+publication): on S3 each takes a round trip, and a busy topic's run writes dozens of files."""
 
 
 class Storage:
@@ -152,6 +156,20 @@ class Storage:
 
     def size(self, key: str) -> int:
         return self.backend.stat(_key(key)).size
+
+    def sizes(self, keys: Iterable[str]) -> dict[str, int | None]:
+        """Each key's size, None if it is missing: one request each, `CONCURRENT_REQUESTS` at
+        a time."""
+
+        def size(key: str) -> int | None:
+            try:
+                return self.size(key)
+            except FileNotFoundError:
+                return None
+
+        keys = list(keys)
+        with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
+            return dict(zip(keys, pool.map(size, keys), strict=True))
 
     def delete(self, key: str) -> None:
         """Delete `key`; deleting a missing object is not an error."""

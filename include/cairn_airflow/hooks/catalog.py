@@ -26,7 +26,7 @@ def catalog() -> Catalog | None:
         conn = connection(CATALOG_CONN_ID)
     except AirflowNotFoundException:
         return None
-    fields = dict(conn.extra_dejson)
+    fields = dict(conn.extra)
     if conn.login:
         fields["user"] = conn.login
     if conn.password:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk import BaseHook
@@ -40,28 +40,48 @@ CONNECTION_SECONDS = 60.0
 within this, and a missing one is looked up again at every use."""
 
 
-@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
-def connection(conn_id: str) -> Any:
+class Resolved(NamedTuple):
+    """An Airflow connection's fields, its extra parsed once: each parse of the task SDK's
+    connection extra is another round trip, to mask the secrets in it."""
+
+    conn_type: str | None
+    host: str | None
+    port: int | None
+    login: str | None
+    password: str | None
+    extra: dict[str, Any]
+
+
+def connection(conn_id: str) -> Resolved:
     """Airflow's connection `conn_id`, as resolved at most `CONNECTION_SECONDS` ago."""
-    return BaseHook.get_connection(conn_id)
+    found = _resolved(conn_id)
+    return found._replace(extra=copy.deepcopy(found.extra))
+
+
+@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
+def _resolved(conn_id: str) -> Resolved:
+    c = BaseHook.get_connection(conn_id)
+    return Resolved(c.conn_type, c.host, c.port, c.login, c.password, c.extra_dejson)
 
 
 def kafka_conf() -> KafkaConf:
     """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
     configuration, checked to be usable by every client Cairn runs (`cairn.kafka.connection`)."""
-    return _kafka_conf(connection(KAFKA_CONN_ID))
+    conn = connection(KAFKA_CONN_ID)
+    return _kafka_conf(conn.conn_type, conn.extra)
 
 
 async def akafka_conf() -> KafkaConf:
     """`kafka_conf` for async code: the triggerer's."""
-    return _kafka_conf(await BaseHook.aget_connection(KAFKA_CONN_ID))
+    conn = await BaseHook.aget_connection(KAFKA_CONN_ID)
+    return _kafka_conf(conn.conn_type, conn.extra_dejson)
 
 
-def _kafka_conf(conn: Any) -> KafkaConf:
+def _kafka_conf(conn_type: str | None, extra: dict[str, Any]) -> KafkaConf:
     label = f"Airflow connection {KAFKA_CONN_ID!r}"
-    if conn.conn_type != "kafka":
-        raise KafkaConfigError(f"{label} is of type {conn.conn_type!r}; make it a 'kafka' one")
-    return KafkaConf(conn.extra_dejson, label)
+    if conn_type != "kafka":
+        raise KafkaConfigError(f"{label} is of type {conn_type!r}; make it a 'kafka' one")
+    return KafkaConf(extra, label)
 
 
 def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, Any]:
@@ -115,6 +135,6 @@ def schema_registries(cfg: TopicConfig) -> dict[str, dict[str, Any]]:
     for conn_id in registry_ids(cfg):
         conn = connection(conn_id)
         found[conn_id] = registry_config(
-            conn.host or "", conn.port, conn.login, conn.password, conn.extra_dejson
+            conn.host or "", conn.port, conn.login, conn.password, conn.extra
         )
     return found
