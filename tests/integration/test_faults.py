@@ -23,6 +23,7 @@ import io
 import json
 import os
 import random
+import threading
 import time
 import uuid
 from collections import Counter
@@ -238,12 +239,14 @@ def check(storage: Storage, topic: str, kafka: Kafka, skipped: set, caught_up: b
 
 class Hooked(Storage):
     """The archive root, calling `hooks[point]` once at a point inside a commit: before or after
-    the token's create, or after `moves` files of its publication."""
+    the token's create, or after `moves` files of its publication (which moves several at once:
+    once dead, every later move fails too, as in a task that died)."""
 
     def __init__(self, url: str, **options) -> None:
         super().__init__(url, **options)
         self.hooks: dict[str, Callable[[], None]] = {}
         self.moves = -1
+        self._moving = threading.Lock()
 
     def _fire(self, point: str) -> None:
         hook = self.hooks.pop(point, None)
@@ -259,9 +262,12 @@ class Hooked(Storage):
             super().create(key, data)
 
     def move(self, source: str, target: str) -> None:
-        if self.moves == 0:
+        with self._moving:
+            dead = self.moves == 0
+            if not dead:
+                self.moves -= 1
+        if dead:
             raise ConnectionError("the commit task died while publishing")
-        self.moves -= 1
         super().move(source, target)
 
 
