@@ -248,11 +248,14 @@ def test_a_commit_that_crashed_while_publishing_is_finished_by_the_next_settle(
     claim = claim_next(storage)
     adds = stage(storage, claim, KEYS)
     calls = []
+    counting = threading.Lock()  # publish moves several files at once
     real_move = storage.move
 
     def crash(source: str, target: str) -> None:
-        calls.append(target)
-        if len(calls) > moved:
+        with counting:
+            calls.append(target)
+            dead = len(calls) > moved
+        if dead:
             raise ConnectionError("the commit task died")
         real_move(source, target)
 
@@ -263,6 +266,7 @@ def test_a_commit_that_crashed_while_publishing_is_finished_by_the_next_settle(
         )
     monkeypatch.setattr(storage, "move", real_move)
     assert storage.exists(pending_key(TOPIC, claim.attempt_id))
+    assert len(set(data_files(storage)) & set(KEYS)) == moved  # half published
 
     assert commit.settle(storage, TOPIC).attempt_id == claim.attempt_id
     assert set(data_files(storage)) == set(KEYS)
