@@ -92,8 +92,12 @@ def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, A
         return {}
     try:
         return copy.deepcopy(_aws_options(cfg.root.conn_id, for_spark))
-    except LookupError:  # the provider would fall back to the worker's own credentials
+    except _NoConnection:  # the provider would fall back to the worker's own credentials
         raise ConnectionMissing(cfg.topic, cfg.root.conn_id) from None
+
+
+class _NoConnection(Exception):
+    """The root's connection does not exist (raised, so that it is not remembered)."""
 
 
 @cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
@@ -101,7 +105,7 @@ def _aws_options(conn_id: str | None, for_spark: bool) -> dict[str, Any]:
     hook = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
     conn = hook.conn_config
     if not conn:
-        raise LookupError(conn_id)
+        raise _NoConnection(conn_id)
     return connection_options(
         conn_id,
         conn.extra_config,
