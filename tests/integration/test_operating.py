@@ -5,6 +5,7 @@ lag tools see Cairn like any consumer; a group Kafka refuses to update never und
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -13,7 +14,7 @@ from cairn.pipeline import archive_run, run_record
 from cairn.protocol import commit
 from cairn.views import metrics
 from cairn_stack.demo import create_topic, produce
-from tests.integration.test_archive import fill
+from tests.integration.test_archive import NOW, fill
 
 
 def group_offsets(kafka: str, group: str, topic: str, partitions: int) -> dict[int, int]:
@@ -115,3 +116,26 @@ def test_a_late_retry_of_an_older_commit_does_not_move_the_group_back(
 
     assert again.seq == 1 and again.consumer_group is None
     assert group_offsets(kafka, cfg.group_id, topic_name, 1) == {0: 6}
+
+
+def test_a_rebuild_committed_before_the_group_moves_does_not_keep_it_back(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    # A seal or rebuild token between a run's token and its group update carries the position
+    # over: the group must still move, or the triggerer waits for a commit that happened.
+    create_topic(kafka, topic_name, partitions=1)
+    fill(kafka, topic_name, partitions=1, per_partition=3)
+    cfg = make_cfg(topic_name)
+    storage = archiver.storage(cfg)
+    planned = archiver.plan(cfg)
+    archiver.write(cfg, planned)
+    report = archive_run.verify_run(storage, planned)
+    token = archive_run.commit_archive(cfg, storage, planned, report, archiver.kafka)
+    assert token.seq == 1
+    days = (NOW - timedelta(days=1)).date(), NOW.date()  # fill spreads 3 records over 14 h
+    assert archiver.rebuild(cfg, *days) is not None  # token 2: the position carried over
+
+    record = archive_run.commit_run(cfg, storage, planned, report, archiver.kafka)  # retried
+
+    assert record.seq == 1 and record.consumer_group == cfg.group_id
+    assert group_offsets(kafka, cfg.group_id, topic_name, 1) == {0: 3}

@@ -226,8 +226,7 @@ def commit_run(
     """
     token = commit_archive(cfg, storage, planned, report, kafka)
     record = _run_record(planned, token, report, kafka)
-    newest = not tokens.seqs(storage, planned.topic, after=token.seq)
-    if cfg.commit_consumer_group and newest:  # a late retry must not move the group back
+    if cfg.commit_consumer_group and _still_the_position(storage, token):
         record = _commit_group(cfg, kafka, record, planned.plan.next_offsets)
     run_record.save(storage, record)
     return record
@@ -264,6 +263,19 @@ def commit_archive(
         )
 
     return ARCHIVE.commit(storage, planned, change)
+
+
+def _still_the_position(storage: Storage, token: tokens.Token) -> bool:
+    """Whether the archive still stands where `token` left it, so the group may follow it.
+
+    Not whether `token` is the newest: a seal or rebuild committed since carries the position
+    over, and skipping the group then would leave the triggerer of a `run_on: records` topic
+    waiting for a commit that happened. A later archive token (this is a late retry) or a rewind
+    below `token` has moved the position, and the group must not be moved away from it."""
+    if not tokens.seqs(storage, token.topic, after=token.seq):
+        return tokens.read(storage, token.topic, token.seq) is not None
+    newest = commit.newest(storage, token.topic)
+    return newest is not None and newest.next_offsets == token.next_offsets
 
 
 def _commit_group(
