@@ -1,5 +1,6 @@
-"""One `archive__<topic>` DAG per configured topic: plan → clean → archive → verify → commit →
-check_health, and complete → announce (the dates that became complete, as asset events).
+"""One `archive__<topic>` DAG per configured topic: plan → archive (clean beside it) → verify →
+commit → check_health, and complete → announce (the dates that became complete, as asset
+events).
 
 Only wiring: each task is one call into `cairn.pipeline.archive_run` (or the Spark job). Every
 task but `drain_backlog` starts in the triggerer, not on a worker: the archive task and the
@@ -65,8 +66,8 @@ def archive_dag(cfg: TopicConfig) -> DAG:
             topic=topic,
             inputs={"planned": planned.output, "report": report.output},
         )
-        clean = Step(step="clean", topic=topic, inputs={"planned": planned.output})
-        clean >> archive >> report
+        # clean only removes what fenced-out attempts left, so it runs beside the Spark job
+        [Step(step="clean", topic=topic, inputs={"planned": planned.output}), archive] >> report
         done = Step(step="complete", topic=topic, trigger_rule=TriggerRule.NONE_FAILED)
         summary >> done
         Step(step="announce", topic=topic, inputs={"done": done.output}, outlets=[asset])

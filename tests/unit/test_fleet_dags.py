@@ -99,7 +99,10 @@ def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream
         assert set(inputs.values()) <= task.upstream_task_ids, step
     assert {t.task_id for t in dag.tasks if not t.start_from_trigger} == {"drain_backlog"}
     assert dag.get_task("complete").trigger_rule == "none_failed"  # idle runs complete dates
-    assert dag.get_task("clean").downstream_task_ids == {"archive"}
+    # clean runs beside the Spark job, not before it: one step less on a run's critical path
+    assert dag.get_task("clean").downstream_task_ids == {"verify"}
+    assert dag.get_task("archive").upstream_task_ids == {"plan"}
+    assert dag.get_task("verify").upstream_task_ids == {"plan", "clean", "archive"}
     # a plan that finds nothing skips itself: every task that needs it, by its trigger rule
     needs_plan = {"clean", "archive", "verify", "commit", "check_health", "more_waiting"}
     assert needs_plan == dag.get_task("plan").get_flat_relative_ids(upstream=False) - {

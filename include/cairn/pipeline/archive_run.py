@@ -1,4 +1,4 @@
-"""One archive run, step by step: plan → clean → (Spark archives) → verify → commit.
+"""One archive run, step by step: plan → (Spark archives, clean beside it) → verify → commit.
 
 The Airflow tasks are one-line calls into these functions; `Planned` is what travels between
 them. A run is an attempt (`cairn.protocol.attempt`, `ARCHIVE`), as rebuilds and seals are:
