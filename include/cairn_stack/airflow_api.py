@@ -12,6 +12,9 @@ from typing import Any
 from cairn_stack.settings import StackSettings
 
 FINISHED = {"success", "failed"}
+POLL_SECONDS = 1.0
+"""Between two looks while waiting: each wait ends on average half of this after what it waits
+for happened, and the end-to-end tests wait about a hundred times."""
 
 
 class AirflowAPI:
@@ -53,7 +56,7 @@ class AirflowAPI:
                 if time.monotonic() > deadline:
                     errors = self.call("GET", "/api/v2/importErrors")
                     raise TimeoutError(f"DAG {dag_id} not parsed in {timeout}s; {errors}") from None
-                time.sleep(2)
+                time.sleep(POLL_SECONDS)
         if dag["is_paused"]:
             self.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
@@ -82,7 +85,7 @@ class AirflowAPI:
             found = self.call("GET", f"/api/v2/backfills?dag_id={dag_id}")["backfills"]
             if all(b["completed_at"] for b in found):
                 return
-            time.sleep(3)
+            time.sleep(POLL_SECONDS)
         raise TimeoutError(f"backfills of {dag_id} still running after {timeout}s")
 
     def clear(self, dag_id: str, run_id: str) -> None:
@@ -100,7 +103,7 @@ class AirflowAPI:
             runs = self.runs(dag_id)
             if runs and all(r["state"] in FINISHED for r in runs):
                 return runs
-            time.sleep(3)
+            time.sleep(POLL_SECONDS)
         raise TimeoutError(f"runs of {dag_id} still unfinished after {timeout}s: {runs}")
 
     def wait_for_partitions(
@@ -120,7 +123,7 @@ class AirflowAPI:
                 r["state"] in FINISHED for r in runs
             ):
                 return runs
-            time.sleep(3)
+            time.sleep(POLL_SECONDS)
         raise TimeoutError(f"runs of {dag_id} for {keys} unfinished after {timeout}s: {runs}")
 
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:

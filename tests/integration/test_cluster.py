@@ -132,50 +132,56 @@ def master_apps(settings: StackSettings) -> list[str]:
     return [app["name"] for app in state["activeapps"] + state["completedapps"]]
 
 
-@pytest.mark.parametrize("topic", [E2E_CLUSTER, E2E_SUBMIT])
 def test_archive_rebuild_and_seal_run_on_the_cluster_through_airflow(
-    airflow, kafka, s3, cluster_settings, topic
+    airflow, kafka, s3, cluster_settings
 ) -> None:
+    """Both ways to the cluster, side by side (their topics share nothing but the cluster): its
+    Spark Connect server (E2E_CLUSTER) and applications of their own by spark-submit
+    (E2E_SUBMIT). Each topic is archived, its dates sealed and one of them rebuilt."""
     settings = cluster_settings
-    per_partition = produce_day(kafka, topic, 20)
-    archive, rebuild, seal = (f"{kind}__{topic}" for kind in ("archive", "rebuild", "seal"))
-    for dag in (seal, rebuild, archive):
+    topics = (E2E_CLUSTER, E2E_SUBMIT)
+    per_partition = {topic: produce_day(kafka, topic, 20) for topic in topics}
+    dags = {t: {k: f"{k}__{t}" for k in ("archive", "rebuild", "seal")} for t in topics}
+    for dag in (d for t in topics for d in dags[t].values()):
         airflow.wait_for_dag(dag)  # unpaused: Airflow drops asset events for paused DAGs
 
-    airflow.trigger(archive)
-    runs = airflow.wait_for_runs(archive, timeout=900)
-    assert all(r["state"] == "success" for r in runs), failed_tasks(airflow, archive, runs)
+    def run_everywhere(kind: str, conf: dict | None = None, trigger: bool = True) -> None:
+        if trigger:
+            for topic in topics:
+                airflow.trigger(dags[topic][kind], conf)
+        for topic in topics:
+            dag = dags[topic][kind]
+            runs = airflow.wait_for_runs(dag, timeout=900)
+            assert all(r["state"] == "success" for r in runs), failed_tasks(airflow, dag, runs)
+
     storage = archive_root(settings, s3)
-    expected = all_offsets({0: per_partition, 1: per_partition})
-    assert_exactly_once(read_archive(storage, topic), expected)
+    expected = {t: all_offsets({0: per_partition[t], 1: per_partition[t]}) for t in topics}
+    run_everywhere("archive")
+    for topic in topics:
+        assert_exactly_once(read_archive(storage, topic), expected[topic])
+    run_everywhere("seal", trigger=False)  # DAY and the next day became complete
+    run_everywhere("rebuild", {"from_date": str(DAY), "to_date": str(DAY)})
 
-    sealed = airflow.wait_for_runs(seal, timeout=900)  # DAY and the next day became complete
-    assert all(r["state"] == "success" for r in sealed), failed_tasks(airflow, seal, sealed)
-    airflow.trigger(rebuild, {"from_date": str(DAY), "to_date": str(DAY)})
-    rebuilt = airflow.wait_for_runs(rebuild, timeout=900)
-    assert all(r["state"] == "success" for r in rebuilt), failed_tasks(airflow, rebuild, rebuilt)
-
-    assert_exactly_once(read_archive(storage, topic), expected)
-    kinds = [t.kind for t in tokens.list_tokens(storage, topic)]
-    assert kinds[0] == "archive" and "seal" in kinds and "rebuild" in kinds
-    catalog = services.iceberg_catalog(settings, E2E_WAREHOUSE.format(bucket=settings.bucket))
-    table = iceberg.catalog_of(catalog).load_table(f"cairn.{table_name(topic)}")
-    rows = table.scan().to_arrow()
-    assert (
-        sorted(
-            zip(
-                rows["_kafka_partition"].to_pylist(), rows["_kafka_offset"].to_pylist(), strict=True
-            )
-        )
-        == expected
+    catalog = iceberg.catalog_of(
+        services.iceberg_catalog(settings, E2E_WAREHOUSE.format(bucket=settings.bucket))
     )
+    apps = set(master_apps(settings))
+    for topic in topics:
+        assert_exactly_once(read_archive(storage, topic), expected[topic])
+        kinds = [t.kind for t in tokens.list_tokens(storage, topic)]
+        assert kinds[0] == "archive" and "seal" in kinds and "rebuild" in kinds, (topic, kinds)
+        rows = catalog.load_table(f"cairn.{table_name(topic)}").scan().to_arrow()
+        offsets = zip(
+            rows["_kafka_partition"].to_pylist(), rows["_kafka_offset"].to_pylist(), strict=True
+        )
+        assert sorted(offsets) == expected[topic], topic
     # where the jobs ran: spark-submitted applications of their own, or the Connect server's
-    submitted = {f"cairn-{kind}-{topic}" for kind in ("archive", "rebuild", "seal")}
-    if topic == E2E_SUBMIT:
-        assert submitted <= set(master_apps(settings))
-    else:
-        assert not submitted & set(master_apps(settings))
-        assert "cairn-spark-connect" in master_apps(settings)
+    submitted = {
+        t: {f"cairn-{kind}-{t}" for kind in ("archive", "rebuild", "seal")} for t in topics
+    }
+    assert submitted[E2E_SUBMIT] <= apps
+    assert not submitted[E2E_CLUSTER] & apps
+    assert "cairn-spark-connect" in apps
 
 
 def test_a_local_root_is_refused_on_the_cluster_before_any_spark_work(
