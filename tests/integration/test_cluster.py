@@ -176,9 +176,7 @@ def test_archive_rebuild_and_seal_run_on_the_cluster_through_airflow(
         )
         assert sorted(offsets) == expected[topic], topic
     # where the jobs ran: spark-submitted applications of their own, or the Connect server's
-    submitted = {
-        t: {f"cairn-{kind}-{t}" for kind in ("archive", "rebuild", "seal")} for t in topics
-    }
+    submitted = {t: {f"cairn-{kind}-{t}" for kind in dags[t]} for t in topics}
     assert submitted[E2E_SUBMIT] <= apps
     assert not submitted[E2E_CLUSTER] & apps
     assert "cairn-spark-connect" in apps

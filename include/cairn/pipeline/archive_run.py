@@ -272,9 +272,8 @@ def _still_the_position(storage: Storage, token: tokens.Token) -> bool:
     over, and skipping the group then would leave the triggerer of a `run_on: records` topic
     waiting for a commit that happened. A later archive token (this is a late retry) or a rewind
     below `token` has moved the position, and the group must not be moved away from it."""
-    if not tokens.seqs(storage, token.topic, after=token.seq):
-        return tokens.read(storage, token.topic, token.seq) is not None
-    newest = commit.newest(storage, token.topic)
+    later = tokens.seqs(storage, token.topic, after=token.seq)
+    newest = tokens.read(storage, token.topic, later[-1] if later else token.seq)
     return newest is not None and newest.next_offsets == token.next_offsets
 
 
