@@ -16,7 +16,7 @@ test: setup chromium redis  ## the whole suite: the checks, unit tests, then int
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2  # two workers (tests/conftest.py)
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

@@ -1,7 +1,10 @@
 """Test harness: real Kafka (KRaft), SeaweedFS (S3), PostgreSQL and Spark (local mode, and a
 Spark Connect server), and Airflow in the stack's distributed shape (Celery workers with Redis,
-a Spark standalone cluster with its own Spark Connect server), started once per test run on
-free loopback ports with all state in a temporary folder, and stopped afterwards.
+a Spark standalone cluster with its own Spark Connect server), started on free loopback ports
+with all state in a temporary folder when a test first asks for them, and stopped afterwards.
+`make test` runs the suite on two pytest-xdist workers: each starts, on ports of its own share,
+the services its tests ask for (both start Airflow: the tests through it take most of the
+suite's time, and they share it out between the two).
 
 Tests under tests/integration/ are marked `integration` automatically; `pytest -m "not
 integration"` runs only the fast unit tests.
@@ -20,10 +23,16 @@ import pytest
 
 from cairn_stack import cluster, services
 from cairn_stack.airflow_api import AirflowAPI
-from cairn_stack.process import free_port_block
+from cairn_stack.process import free_port_block, share_ports
 from cairn_stack.settings import REPO, StackSettings
 
 ROOT = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", … under pytest-xdist
+    if worker:
+        share_ports(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

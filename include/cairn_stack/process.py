@@ -173,6 +173,17 @@ _HANDED_OUT: set[int] = set()
 """Ports `free_port_block` gave this process: a block's service may start long after (a
 session's fixtures start lazily), so they are never given again."""
 _EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_SHARE = (0, 1)
+
+
+def share_ports(index: int, of: int) -> None:
+    """Choose ports only from the `index`-th of `of` equal slices of the range: processes that
+    choose side by side (the test suite's workers) then never hand out the same port, which
+    `port_free` cannot promise before a service binds it."""
+    global _SHARE
+    if not 0 <= index < of:
+        raise ValueError(f"port share {index} of {of}")
+    _SHARE = (index, of)
 
 
 def free_port_block(count: int, step: int = 1) -> list[int]:
@@ -184,7 +195,10 @@ def free_port_block(count: int, step: int = 1) -> list[int]:
         top = int(_EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         top = 32768  # Linux's default
-    low = min(20000, top // 2)
+    bottom = min(20000, top // 2)
+    index, of = _SHARE
+    width = (top - bottom) // of
+    low, top = bottom + index * width, bottom + (index + 1) * width
     for _ in range(1000):
         base = random.randrange(low, top - count * step)
         ports = [base + i * step for i in range(count)]

@@ -21,8 +21,15 @@ from pathlib import Path
 import pytest
 
 from cairn_stack import __main__ as cli
-from cairn_stack import services
-from cairn_stack.process import Service, StackError, free_port_block, port_free, port_open
+from cairn_stack import process, services
+from cairn_stack.process import (
+    Service,
+    StackError,
+    free_port_block,
+    port_free,
+    port_open,
+    share_ports,
+)
 from cairn_stack.settings import StackSettings
 
 # Appends its pid to argv[1], optionally waits for a child that ignores SIGTERM (pid written to
@@ -113,6 +120,19 @@ def test_port_blocks_lie_below_the_ephemeral_range_and_are_never_given_twice() -
     assert all(max(ports) < start for ports in taken)
     assert len(set().union(*taken)) == 20 * 30  # no port in two blocks
     assert all(port_free(p) for p in taken[0])
+
+
+def test_processes_given_different_port_shares_never_choose_the_same_port(monkeypatch) -> None:
+    """The suite's two workers choose ports at the same moment; probing cannot tell them apart."""
+    monkeypatch.setattr(process, "_SHARE", process._SHARE)  # restored afterwards
+    chosen = []
+    for index in range(2):
+        share_ports(index, 2)
+        blocks = [free_port_block(15, step=2) for _ in range(10)]
+        chosen.append({p + j for block in blocks for p in block for j in (0, 1)})
+    assert max(chosen[0]) < min(chosen[1])
+    with pytest.raises(ValueError, match="port share 2 of 2"):
+        share_ports(2, 2)
 
 
 def web(
