@@ -12,7 +12,7 @@ CLUSTER_PY := .cairn/cluster-python
 demo: setup  ## start the stack and archive the demo topic end to end
 	$(BIN)/python -m cairn_stack demo
 
-test: setup chromium redis  ## the whole suite: the checks, unit tests, then integration tests against real services
+test: setup chromium redis  ## the whole suite: the checks, then unit and integration tests (against real services) on two workers
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
