@@ -16,7 +16,7 @@ test: setup chromium redis  ## the whole suite: the checks, then unit and integr
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2  # two workers (tests/conftest.py)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup  # two workers (tests/conftest.py AIRFLOW_GROUP)
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

@@ -3,8 +3,7 @@ Spark Connect server), and Airflow in the stack's distributed shape (Celery work
 a Spark standalone cluster with its own Spark Connect server), started on free loopback ports
 with all state in a temporary folder when a test first asks for them, and stopped afterwards.
 `make test` runs the suite on two pytest-xdist workers: each starts, on ports of its own share,
-the services its tests ask for (both start Airflow: the tests through it take most of the
-suite's time, and they share it out between the two).
+the services its tests ask for (see AIRFLOW_GROUP).
 
 Tests under tests/integration/ are marked `integration` automatically; `pytest -m "not
 integration"` runs only the fast unit tests.
@@ -27,6 +26,9 @@ from cairn_stack.process import free_port_block, share_ports
 from cairn_stack.settings import REPO, StackSettings
 
 ROOT = Path(__file__).resolve().parent
+AIRFLOW_GROUP = "airflow"
+"""Every test through Airflow is in this pytest-xdist group (`--dist loadgroup`): one worker runs
+them all, so Airflow starts once, while the other worker runs the rest beside it."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,10 +37,13 @@ def pytest_configure(config: pytest.Config) -> None:
         share_ports(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (ROOT / "integration") in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
+        if "airflow" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(AIRFLOW_GROUP))
 
 
 @pytest.fixture(scope="session")
