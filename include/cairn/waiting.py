@@ -1,17 +1,25 @@
 """When records waiting in Kafka call for an archive run: Secor's rule, per topic.
 
-A run is due once `min_records` wait beyond the archived position, or once the oldest waiting
-record has waited `max_delay`. The triggerer (`cairn_airflow.triggers.waiting_records`) feeds a
-`Watch` each poll with the topic's last stable offsets, and with the archived position, read from
-the consumer group each commit moves, whenever the watch asks for it (`needs_position`): at the
-start, before any firing (a run may have committed meanwhile) and while a fired run has not
-committed. An idle topic (no record beyond the position) therefore costs its share of one
-offsets request per poll and nothing else. The watch never decides what a run reads: the run's
-plan does, from its token. A firing too many only starts a run that finds nothing new.
+A run is due once `min_records` wait beyond what is archived or already fired for, or once the
+oldest of them has waited `max_delay`. The triggerer (`cairn_airflow.triggers.waiting_records`)
+feeds a `Watch` each poll with the topic's last stable offsets, and with the archived position,
+read from the consumer group each commit moves, whenever the watch asks for it
+(`needs_position`): at the start, before any firing (a run may have committed meanwhile) and
+once per `max_delay` while a fired run has not committed. An idle topic (no record beyond the
+position) therefore costs its share of one offsets request per poll and nothing else. The watch
+never decides what a run reads: the run's plan does, from its token. A firing too many only
+starts a run that finds nothing new.
+
+A firing covers the records stable when it fired: its run plans later, so it reads at least
+those. Records that arrive after it fire the next run by the same rule, even before the first
+commits: Airflow queues that run behind the running one (`max_active_runs: 1`), so a topic whose
+records keep coming runs back to back instead of waiting for each commit to be seen. While the
+position stands still, no more than `AHEAD` firings are pending.
 
 The oldest record's wait is counted from when the watch first saw records beyond the position
-(`since`), not from its Kafka timestamp, which a producer sets as it likes. A triggerer that
-restarts starts that clock again: records waiting then fire within `max_delay` of its start.
+and the last firing (`since`), not from its Kafka timestamp, which a producer sets as it likes. A
+triggerer that restarts starts that clock again: records waiting then fire within `max_delay` of
+its start.
 """
 
 from __future__ import annotations
@@ -52,60 +60,79 @@ def behind(stable: Offsets, position: Offsets) -> bool:
     return any(position.get(p, 0) > end for p, end in stable.items())
 
 
+AHEAD = 2
+"""Firings a topic may have pending while its position does not move: the running run's, and
+one queued behind it (Airflow keeps it until the running run ends), so a topic whose records keep
+arriving runs back to back, and one whose runs fail runs no more than two before `refire_after`."""
+
+
 @dataclass
 class Watch:
     """One topic's state between polls, in one triggerer process."""
 
     rule: WaitRule
     position: Offsets | None = None
-    since: float | None = None
-    """When records were first seen beyond the position (monotonic seconds)."""
-    fired_at: float | None = None
-    fired_from: Offsets | None = field(default=None)
-    """The position the last firing saw: the firing is answered once the position moves."""
     read_at: float | None = None
     """When the position was last read."""
+    covered: Offsets = field(default_factory=dict)
+    """Kafka's stable offsets at the last firing, while the position has not reached them: the
+    fired run (or the one queued behind it) reads at least that far."""
+    since: float | None = None
+    """When records were first seen beyond the position and `covered` (monotonic seconds)."""
+    fired_at: float | None = None
+    fired_since_move: int = 0
+    """Firings since the position last moved."""
 
     def needs_position(self, stable: Offsets, now: float) -> bool:
         """Whether the position must be read before `due` can answer: never read yet, a fired run
-        not seen to commit yet (once per `max_delay`: what waits after its commit counts from
-        the firing, so no firing can be due sooner), or a run looks due (its answer must not
-        rest on a position a commit may have moved). A topic Kafka never held a record of needs
-        none yet."""
+        not seen to commit (once per `max_delay`), or a run looks due (its answer must not rest
+        on a position a commit may have moved). A topic Kafka never held a record of needs none
+        yet."""
         if self.position is None:
             return any(stable.values())
-        if self.fired_at is not None:
-            return now - (self.read_at or self.fired_at) >= self.rule.max_delay
+        last = max(self.read_at or 0.0, self.fired_at or 0.0)
+        if self._pending() and now - last >= self.rule.max_delay:
+            return True
         return self._due(stable, now)
 
     def saw_position(self, position: Offsets, now: float) -> None:
         """The consumer group's offsets, as just read at `now`."""
         self.read_at = now
-        if self.fired_from is not None and position != self.fired_from:
-            # The fired run committed: what waits now arrived after its plan, so after the firing.
-            self.since = self.fired_at
-            self.fired_at = self.fired_from = None
+        if self.position is not None and position != self.position:
+            self.fired_since_move = 0
+            if any(position.get(p, 0) < end for p, end in self.position.items()):
+                self.covered = {}  # rewound by hand: no firing covers what is read again
         self.position = dict(position)
+        if not self._pending():
+            self.covered = {}
 
     def due(self, stable: Offsets, now: float) -> bool:
         """Whether to fire now; remembers the firing when it answers True."""
         if not self._due(stable, now):
             return False
-        self.fired_at, self.fired_from = now, dict(self.position or {})
+        self.fired_at, self.covered = now, dict(stable)
+        self.fired_since_move += 1
+        self.since = None
         return True
+
+    def _pending(self) -> bool:
+        position = self.position or {}
+        return any(end > position.get(p, 0) for p, end in self.covered.items())
 
     def _due(self, stable: Offsets, now: float) -> bool:
         position = self.position or {}
-        waiting = waiting_records(stable, position)
-        if waiting == 0 and not behind(stable, position):
+        lost = self.fired_at is not None and now - self.fired_at >= self.rule.refire_after
+        if lost and self._pending():  # its run failed, or its event was lost with a triggerer
+            self.covered, self.fired_since_move, self.since = {}, 0, self.fired_at
+        base = {p: max(position.get(p, 0), self.covered.get(p, 0)) for p in stable}
+        waiting = waiting_records(stable, base)
+        gone = behind(stable, position)
+        if waiting == 0 and not gone:
             self.since = None
             return False
         if self.since is None:
             self.since = now
-        if self.fired_at is not None and now - self.fired_at < self.rule.refire_after:
-            return False  # its run has not committed yet
-        return (
-            waiting >= self.rule.min_records
-            or now - self.since >= self.rule.max_delay
-            or behind(stable, position)
-        )
+        ahead = 1 if gone else AHEAD  # one run reports a recreated topic
+        if self.fired_since_move >= ahead and (gone or self._pending()) and not lost:
+            return False  # the position has not moved since this topic's last firings
+        return waiting >= self.rule.min_records or now - self.since >= self.rule.max_delay or gone

@@ -1,6 +1,7 @@
-"""Secor's rule in the triggerer (`cairn.waiting`): a run fires when enough records wait or the
-oldest has waited max_delay, never while idle, once per firing until its run commits, and again
-if the run never commits."""
+"""Secor's rule in the triggerer (`cairn.waiting`): a run fires when enough records wait beyond
+what the position and the last firing cover, or the oldest has waited max_delay; never while idle,
+at most two firings pending while the position stands still, and again if the runs never
+commit."""
 
 from __future__ import annotations
 
@@ -50,19 +51,52 @@ def test_enough_records_fire_at_once():
     assert watch.due({0: 60, 1: 40}, 0.0)
 
 
-def test_a_firing_is_not_repeated_until_its_run_commits_then_the_next_counts_from_the_firing():
+def test_records_arriving_behind_a_firing_queue_one_run_behind_it_until_the_position_moves():
     watch = watching({0: 0})
-    assert watch.due({0: 500}, 10.0)
-    for second in (15.0, 20.0):  # the run is on its way: its commit is looked for once per
-        assert not watch.needs_position({0: 900}, second)  # max_delay, the soonest a firing
-        assert not watch.due({0: 900}, second)  # could be due again
-    for second in (25.0, 40.0, 55.0):
-        assert watch.needs_position({0: 900}, second)
-        watch.saw_position({0: 0}, second)
-        assert not watch.needs_position({0: 900}, second + 14.0)
-        assert not watch.due({0: 900}, second)
-    watch.saw_position({0: 500}, 70.0)  # committed; 400 arrived after the plan
-    assert watch.due({0: 520}, 70.0)  # they have waited since the firing, 60 s ago
+    assert watch.due({0: 500}, 10.0)  # the first run reads at least these 500
+    assert not watch.due({0: 520}, 12.0)  # 20 more, first seen at 12
+    assert not watch.due({0: 530}, 26.0)
+    assert watch.needs_position({0: 540}, 27.0)  # due: the position is read again first
+    watch.saw_position({0: 0}, 27.0)
+    assert watch.due({0: 540}, 27.0)  # queued behind the first run: they run back to back
+    for second in range(30, 200, 5):  # two firings pending, the position still: no third
+        if watch.needs_position({0: 540 + second}, float(second)):  # once per max_delay
+            watch.saw_position({0: 0}, float(second))
+        assert not watch.due({0: 540 + second}, float(second))
+    watch.saw_position({0: 500}, 200.0)  # the first run committed; the second is running
+    assert watch.due({0: 900}, 200.0)  # 360 records no firing covers
+
+
+def test_a_firing_counts_the_next_records_from_their_arrival_not_from_the_first_wait():
+    watch = watching({0: 0})
+    assert not watch.due({0: 5}, 0.0)
+    assert watch.due({0: 5}, 15.0)
+    assert not watch.due({0: 6}, 20.0)  # first seen beyond the firing at 20
+    watch.saw_position({0: 5}, 21.0)
+    assert not watch.due({0: 6}, 34.0)
+    assert watch.due({0: 6}, 35.0)
+
+
+def test_a_topic_whose_runs_fail_fires_twice_then_waits_refire_after():
+    watch = watching({0: 0})
+    assert not watch.due({0: 5}, 0.0)
+    assert watch.due({0: 5}, 15.0)
+    assert not watch.due({0: 6}, 20.0)
+    assert watch.due({0: 6}, 35.0)
+    second = 35.0
+    while second < 35.0 + RULE.refire_after:  # records keep coming; no run commits
+        if watch.needs_position({0: int(second)}, second):
+            watch.saw_position({0: 0}, second)
+        assert not watch.due({0: int(second)}, second)
+        second += 5.0
+    assert watch.due({0: int(second)}, second)
+
+
+def test_a_position_rewound_by_hand_is_waited_on_again_though_a_firing_covered_it():
+    watch = watching({0: 300})
+    assert watch.due({0: 500}, 0.0)
+    watch.saw_position({0: 100}, 15.0)
+    assert watch.due({0: 500}, 15.0)  # 400 waiting again
 
 
 def test_a_run_that_never_commits_is_fired_again():
@@ -82,9 +116,11 @@ def test_a_run_that_commits_exactly_up_to_kafkas_end_leaves_the_topic_idle():
     assert not watch.due({0: 500}, 100.0)
 
 
-def test_a_position_past_kafkas_end_fires_so_a_run_reports_the_recreated_topic():
+def test_a_position_past_kafkas_end_fires_once_so_a_run_reports_the_recreated_topic():
     watch = watching({0: 900})
     assert watch.due({0: 3}, 0.0)
+    assert not watch.due({0: 3}, 5.0)
+    assert watch.due({0: 3}, RULE.refire_after)
 
 
 def test_new_and_never_archived_partitions_count_from_zero():
