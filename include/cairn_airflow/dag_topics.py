@@ -9,6 +9,7 @@ Variable, so parsing a DAG file never calls Kafka.
 from __future__ import annotations
 
 import json
+import sys
 
 import yaml
 from airflow.providers.standard.operators.python import PythonOperator
@@ -31,6 +32,8 @@ TOPICS_VARIABLE = "cairn_kafka_topics"
 DISCOVERY_SCHEDULE = "*/5 * * * *"
 DISCOVERY_DELAY = "5 minutes"
 """How long a new topic that matches a pattern entry may wait for discovery (its schedule)."""
+_PARSER = "/airflow/dag_processing/processor.py"
+"""Where Airflow's DAG processor parses a file (`_parse_file`, whose `msg` is the request)."""
 
 
 def topics_written() -> LoadResult:
@@ -74,13 +77,36 @@ def configured_topics() -> list[TopicConfig]:
 
 
 def topics_to_build(kind: Kind) -> list[TopicConfig]:
-    """The topics a DAG file builds its DAGs of `kind` for: all of them for the DAG processor,
-    only the one whose DAG is running when a task process parses the file (Airflow's parsing
-    context). Building every topic's DAG at each task start made a task's start grow with the
-    fleet: ~17 s a task at 100 topics on two cores, past the import timeout."""
+    """The topics a DAG file builds its DAGs of `kind` for: all of them for the DAG processor's
+    parse, only the one whose DAG is running when a task process parses the file (Airflow's
+    parsing context), and only those with callbacks to run when the DAG processor parses it for
+    them (`callback_dag_ids`). Building every topic's DAG at each task start made a task's start
+    grow with the fleet: ~17 s a task at 100 topics on two cores, past the import timeout."""
     running = get_parsing_context().dag_id
+    wanted = {running} if running is not None else callback_dag_ids()
     topics = configured_topics()
-    return topics if running is None else [c for c in topics if dag_id(kind, c.topic) == running]
+    return topics if wanted is None else [c for c in topics if dag_id(kind, c.topic) in wanted]
+
+
+def callback_dag_ids() -> set[str] | None:
+    """When the DAG processor parses this file only to run callbacks: the DAGs they are for.
+
+    Airflow 3.3 sends one for every task a trigger ends as succeeded, and parses the whole DAG
+    file for each batch of them only to ignore it (it runs failure callbacks alone): with every
+    step of a run ending in the triggerer, the DAG processor built every topic's DAGs every few
+    seconds, ~2.5 s of a core each time at 100 topics. Airflow does not tell a DAG file why it
+    is parsed, so this reads the request from the parse's frame; anywhere else, or should
+    Airflow change it, None (build all, as before)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_parse_file" and code.co_filename.endswith(_PARSER):
+            requests = getattr(frame.f_locals.get("msg"), "callback_requests", None)
+            if not requests:
+                return None
+            return {r.ti.dag_id if hasattr(r, "ti") else r.dag_id for r in requests}
+        frame = frame.f_back
+    return None
 
 
 def misconfigured_run_dags(kind: Kind) -> dict[str, DAG]:

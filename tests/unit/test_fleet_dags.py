@@ -11,6 +11,9 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
+import structlog
+from airflow.callbacks.callback_requests import DagCallbackRequest
+from airflow.dag_processing import processor
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import DAG
 from airflow.timetables.base import TimeRestriction
@@ -200,6 +203,44 @@ def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, kind):
     assert built() == {dag_id(kind, "fleet.t007")}
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "some_other_dag")
     assert built() == set()
+
+
+def test_a_callback_parse_builds_only_the_dags_with_callbacks(monkeypatch):
+    """Airflow's DAG processor parses the file again for each batch of callbacks, one sent for
+    every task a trigger ends as succeeded: such a parse builds only their DAGs, a full parse
+    (or any other caller) every topic's."""
+    fleet = [parsing(f"fleet.t{i:03d}") for i in range(30)]
+    monkeypatch.setattr(dag_topics, "configured_topics", lambda: fleet)
+    monkeypatch.delenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", raising=False)
+    dags_folder = Path(__file__).resolve().parents[2] / "dags"
+    bags = []
+    monkeypatch.setattr(processor, "_execute_callbacks", lambda bag, *_: bags.append(bag))
+    monkeypatch.setattr(processor, "_serialize_dags", lambda bag, _: (bags.append(bag) or [], {}))
+
+    def parse(*callback_dag_ids: str) -> set[str]:
+        requests = [
+            DagCallbackRequest(
+                filepath="cairn_archive.py",
+                bundle_name="dags-folder",
+                bundle_version=None,
+                dag_id=d,
+                run_id="r",
+            )
+            for d in callback_dag_ids
+        ]
+        request = processor.DagFileParseRequest(
+            file=str(dags_folder / "cairn_archive.py"),
+            bundle_path=dags_folder,
+            bundle_name="dags-folder",
+            callback_requests=requests,
+        )
+        processor._parse_file(request, structlog.get_logger())
+        return set(bags.pop().dag_ids)
+
+    wanted = {dag_id("archive", "fleet.t003"), dag_id("archive", "fleet.t017")}
+    assert parse(*wanted) == wanted
+    assert parse() == {dag_id("archive", cfg.topic) for cfg in fleet}
+    assert dag_topics.callback_dag_ids() is None
 
 
 def test_a_topic_run_when_records_wait_is_watched_and_its_first_run_waits_for_them():
