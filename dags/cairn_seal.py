@@ -2,22 +2,21 @@
 partition of the topic's Iceberg table, and a proof of completeness (`cairn.pipeline.seal`).
 
 A run per date the archive or rebuild DAG announces as complete or changed (the topic's asset,
-one partition key per date): select → seal (Spark) → commit. A date already sealed is sealed
-again only once its unsealed part (late records, a rebuild) passes `reseal_files` or
-`reseal_mb`; otherwise the run stops at select. Trigger it by hand with the `date` param to seal
+one partition key per date): select → seal (Spark) → commit, *select* in the triggerer
+(`cairn_airflow.steps.seal_select`). A date already sealed is sealed again only once its
+unsealed part (late records, a rebuild) passes `reseal_files` or `reseal_mb`; otherwise the run
+stops at select, with no worker process. Trigger it by hand with the `date` param to seal
 a date now (asset-scheduled DAGs have no backfill).
 """
 
 from __future__ import annotations
 
-import logging
-from datetime import date, datetime
+from datetime import datetime
 
-from airflow.sdk import DAG, Param, PartitionedAssetTimetable, get_current_context, task
+from airflow.sdk import DAG, Param, PartitionedAssetTimetable, task
 
 from cairn.config import TopicConfig
 from cairn.dag_ids import dag_id
-from cairn.errors import PermanentError
 from cairn.table.catalog import SEALS_AT_ONCE
 from cairn_airflow.assets import topic_asset
 from cairn_airflow.dag_topics import misconfigured_run_dags, topic_doc, topics_to_build
@@ -25,23 +24,7 @@ from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.catalog import catalog
 from cairn_airflow.hooks.connections import storage
 from cairn_airflow.operators.spark import CairnSparkOperator
-
-log = logging.getLogger(__name__)
-
-
-class NoDate(PermanentError):
-    """The run names no date to seal."""
-
-
-def run_date(context: dict) -> date:
-    """The date a run seals: its `date` param, else its asset event's partition key."""
-    given = context["params"].get("date") or context["dag_run"].partition_key
-    if not given:
-        raise NoDate("this run names no date: trigger it with the param date (YYYY-MM-DD)")
-    try:
-        return date.fromisoformat(given)
-    except ValueError:
-        raise NoDate(f"date {given!r} is not YYYY-MM-DD") from None
+from cairn_airflow.operators.step import Step
 
 
 def seal_dag(cfg: TopicConfig) -> DAG:
@@ -60,23 +43,6 @@ def seal_dag(cfg: TopicConfig) -> DAG:
         doc_md=topic_doc(cfg, "seal", __doc__),
     ) as dag:
 
-        @task.short_circuit
-        def select() -> dict | bool:
-            from cairn.pipeline import seal
-            from cairn.table import iceberg
-
-            context = get_current_context()
-            with fail_fast():
-                day = run_date(context)
-                found = catalog()
-                table = iceberg.target(found, topic) if found else None
-                chosen = seal.select(storage(cfg), cfg, day, context["run_id"], table)
-            if chosen is None:
-                log.info("topic %s %s: not complete, or nothing new to seal", topic, day)
-                return False
-            log.info("%s: %d folders", chosen.claim.label, len(chosen.folders))
-            return chosen.model_dump(mode="json")
-
         @task
         def commit(chosen: dict) -> dict:
             """Commit the sealed files, replace the date in the table, write the proof."""
@@ -93,7 +59,8 @@ def seal_dag(cfg: TopicConfig) -> DAG:
                 )
             return proof.model_dump(mode="json", exclude={"partitions"})
 
-        chosen = select()
+        # in the triggerer: most seal runs stop at select (`steps.seal_select`)
+        chosen = Step(step="seal_select", topic=topic, task_id="select").output
         spark = CairnSparkOperator(
             task_id="seal",
             job="seal",

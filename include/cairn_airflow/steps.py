@@ -1,5 +1,5 @@
 """The steps of an archive run around its Spark job — plan, clean, verify, commit, complete,
-check_health, announce, more_waiting — and a rebuild's select, each one call into
+check_health, announce, more_waiting — and the selects of a rebuild and a seal, each one call into
 `cairn.pipeline` (or Cairn's Airflow glue), written once for both places a step runs: the
 triggerer, where its task starts (`cairn_airflow.triggers.step`: no worker process, no DAG file
 parsed), and a worker, where it goes when that fails or when only a worker can finish it
@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from datetime import date
 from typing import Any, Literal
 
 from airflow.sdk.exceptions import AirflowSkipException
 
 from cairn.config import TopicConfig
+from cairn.errors import PermanentError
 from cairn.pipeline import archive_run, completeness, rebuild
 from cairn.protocol.manifest import VerifyReport
 from cairn.topics_file import find_topic
 from cairn_airflow import assets
+from cairn_airflow.hooks.catalog import catalog
 from cairn_airflow.hooks.connections import kafka_conf, storage
 from cairn_airflow.notifications import notifier
 from cairn_airflow.priority import remember_lag
@@ -38,6 +41,7 @@ StepName = Literal[
     "announce",
     "more_waiting",
     "select",
+    "seal_select",
 ]
 Context = Mapping[str, Any]
 """The task's Airflow context (a worker's, or the one the triggerer renders its fields with)."""
@@ -126,6 +130,39 @@ def select(cfg: TopicConfig, context: Context) -> dict:
     return chosen.model_dump(mode="json")
 
 
+class NoDate(PermanentError):
+    """A seal run names no date to seal."""
+
+
+def seal_date(context: Context) -> date:
+    """The date a seal run seals: its `date` param, else its asset event's partition key."""
+    given = context["params"].get("date") or context["dag_run"].partition_key
+    if not given:
+        raise NoDate("this run names no date: trigger it with the param date (YYYY-MM-DD)")
+    try:
+        return date.fromisoformat(given)
+    except ValueError:
+        raise NoDate(f"date {given!r} is not YYYY-MM-DD") from None
+
+
+def seal_select(cfg: TopicConfig, context: Context) -> dict:
+    """A seal's folders. Every date a run of the archive announces (late records amend dates
+    at almost every run of a busy topic) starts a seal run, which mostly stops here: the date
+    is not complete, or what is new in it is below `reseal_files` and `reseal_mb`; it skips
+    the rest of the run."""
+    from cairn.pipeline import seal  # pyiceberg: only where a seal is selected
+    from cairn.table import iceberg
+
+    day = seal_date(context)
+    found = catalog()
+    table = iceberg.target(found, cfg.topic) if found else None
+    chosen = seal.select(storage(cfg), cfg, day, context["run_id"], table)
+    if chosen is None:
+        raise AirflowSkipException(f"topic {cfg.topic} {day}: not complete, or nothing new to seal")
+    log.info("%s: %d folders", chosen.claim.label, len(chosen.folders))
+    return chosen.model_dump(mode="json")
+
+
 STEPS: dict[StepName, Callable[..., Any]] = {
     "plan": plan,
     "clean": clean,
@@ -136,6 +173,7 @@ STEPS: dict[StepName, Callable[..., Any]] = {
     "announce": announce,
     "more_waiting": more_waiting,
     "select": select,
+    "seal_select": seal_select,
 }
 
 

@@ -28,6 +28,7 @@ from cairn_airflow.assets import topic_asset
 from cairn_airflow.operators.spark import SPARK_POOL
 from dags.cairn_archive import archive_dag
 from dags.cairn_rebuild import rebuild_dag
+from dags.cairn_seal import seal_dag
 
 SCHEMA = "schemas/demo_event.avsc"
 
@@ -76,6 +77,12 @@ def test_the_archive_task_starts_in_the_triggerer_and_comes_to_a_worker_only_to_
     assert not rebuild_dag(cfg).get_task("rebuild").start_from_trigger
     # a rebuild's select starts there too: the daily runs the timetable schedules skip there
     assert rebuild_dag(cfg).get_task("select").start_from_trigger
+    # and a seal's: most seal runs (a date amended by late records) stop at it
+    select = seal_dag(cfg).get_task("select")
+    assert select.start_from_trigger and select.start_trigger_args.trigger_kwargs["step"] == (
+        "seal_select"
+    )
+    assert not seal_dag(cfg).get_task("seal").start_from_trigger
 
 
 def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream_results():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import date
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.triggers.base import TaskSkippedEvent, TaskSuccessEvent
 
 from cairn.errors import PermanentError
+from cairn.pipeline import seal
 from cairn_airflow import assets, steps
 from cairn_airflow.operators.step import Step
 from cairn_airflow.triggers import step as step_trigger
@@ -31,7 +33,8 @@ class TI(SimpleNamespace):
         return RESULTS[task_ids]
 
     def get_template_context(self) -> dict:
-        return {"run_id": self.run_id, "dag_run": SimpleNamespace(run_type=self.run_type)}
+        run = SimpleNamespace(run_type=self.run_type, partition_key=self.partition_key)
+        return {"run_id": self.run_id, "dag_run": run, "params": {}}
 
 
 @pytest.fixture
@@ -62,13 +65,14 @@ def calls(monkeypatch) -> list:
     return calls
 
 
-def events(trigger: StepTrigger, run_type: str = "manual") -> list:
+def events(trigger: StepTrigger, run_type: str = "manual", partition_key: str = "") -> list:
     trigger.task_instance = TI(
         dag_id="archive__orders",
         task_id=trigger.step,
         run_id="manual__1",
         map_index=-1,
         run_type=run_type,
+        partition_key=partition_key,
     )
 
     async def run():
@@ -110,7 +114,12 @@ def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch, stored):
         ]
         for trigger in triggers:
             trigger.task_instance = TI(
-                dag_id="archive__t", task_id="commit", run_id="r", map_index=-1, run_type="x"
+                dag_id="archive__t",
+                task_id="commit",
+                run_id="r",
+                map_index=-1,
+                run_type="x",
+                partition_key="",
             )
 
         async def ended(trigger: StepTrigger) -> list:
@@ -224,6 +233,29 @@ def test_a_rebuild_runs_only_when_asked_its_scheduled_runs_skip_in_the_triggerer
     [(_, _, dates, run_id)] = selected
     assert [d.isoformat() for d in dates] == ["2024-06-01", "2024-06-02"]
     assert run_id == "manual__2"
+
+
+def test_a_seal_run_with_nothing_to_seal_stops_at_select_in_the_triggerer(stored, monkeypatch):
+    """Each date an archive run announces starts a seal run, and late records amend dates at
+    almost every run of a busy topic: most of those runs find nothing to seal, and skip from
+    the triggerer, with no worker process. A run that names no date fails at once."""
+    chosen = []
+    monkeypatch.setattr(steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
+    monkeypatch.setattr(steps, "storage", lambda cfg: "<storage>")
+    monkeypatch.setattr(steps, "catalog", lambda: None)
+    monkeypatch.setattr(seal, "select", lambda *args: chosen.append(args))
+
+    [skipped] = events(StepTrigger("seal_select", "orders", {}), partition_key="2024-06-01")
+
+    assert isinstance(skipped, TaskSkippedEvent) and stored == []
+    assert chosen == [
+        ("<storage>", SimpleNamespace(topic="orders"), date(2024, 6, 1), "manual__1", None)
+    ]
+    [handed] = events(StepTrigger("seal_select", "orders", {}))
+    assert handed.payload["on_worker"].startswith("NoDate: this run names no date")
+    context = {"run_id": "manual__2", "params": {}, "dag_run": SimpleNamespace(partition_key="")}
+    with pytest.raises(AirflowFailException, match="names no date"):
+        Step(step="seal_select", topic="orders", task_id="select").resume(context, handed.payload)
 
 
 def test_the_trigger_serializes_with_no_secret_and_names_a_step_that_exists():

@@ -1,4 +1,4 @@
-"""`Step`: the task of one step of an archive or rebuild run (`cairn_airflow.steps`).
+"""`Step`: the task of one step of an archive, rebuild or seal run (`cairn_airflow.steps`).
 
 It starts in the triggerer (`cairn_airflow.triggers.step`) and normally ends there; a worker
 runs it only when that failed (`resume`), with the usual failure handling. The task stays one
@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class Step(BaseOperator):
-    """`step` of `topic`'s archive or rebuild run, on the results of the tasks in `inputs`
-    (argument name → that task's output); its task id is the step's name."""
+    """`step` of `topic`'s archive, rebuild or seal run, on the results of the tasks in `inputs`
+    (argument name → that task's output); its task id is the step's name unless given."""
 
     template_fields = ("inputs",)
 
@@ -32,9 +32,10 @@ class Step(BaseOperator):
         step: steps.StepName,
         topic: str,
         inputs: dict[str, PlainXComArg] | None = None,
+        task_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(task_id=step, **kwargs)
+        super().__init__(task_id=task_id or step, **kwargs)
         self.step, self.topic = step, topic
         self.inputs: dict[str, Any] = dict(inputs or {})
         upstream = {name: arg.operator.task_id for name, arg in self.inputs.items()}
