@@ -1,11 +1,13 @@
 """Event-driven runs against the real stack: Kafka's last stable offsets read for many topics in
 one request (an open transaction's records not counted), and a `run_on: records` topic's archive
 DAG run by the real triggerer's `WaitingRecordsTrigger` — never while the topic is idle, within
-its max_delay once records wait (how long they waited on `/cairn/metrics`), and after a
-triggerer restart with records waiting, each record archived once."""
+its max_delay once records wait (how long they waited on `/cairn/metrics`), after a triggerer
+restart with records waiting, and back to back while records keep coming, each record archived
+once."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from datetime import UTC, datetime
@@ -29,6 +31,9 @@ from tests.integration.test_overview_page import fetch
 DAG_ID = f"archive__{E2E_WATCHED}"
 SCHEDULER_SLACK = 20.0
 """Seconds from an asset event to its queued run, on this loaded machine."""
+KEEP_COMING = 90
+"""Seconds of one record a second, for several runs of which each takes longer than the
+`max_delay` after which the records arriving meanwhile fire the next."""
 
 
 def test_stable_offsets_of_many_topics_come_from_one_reader_and_skip_open_transactions(kafka):
@@ -53,6 +58,13 @@ def test_stable_offsets_of_many_topics_come_from_one_reader_and_skip_open_transa
     assert found == {"watched.txn": {0: 2}}  # the record and the commit marker
 
 
+TIMES = ("run_after", "start_date", "end_date")
+
+
+def at(run: dict, field: str) -> datetime:
+    return datetime.fromisoformat(run[field])
+
+
 def asset_runs(airflow) -> list[dict]:
     return [r for r in airflow.runs(DAG_ID) if r["run_type"] == "asset_triggered"]
 
@@ -71,7 +83,7 @@ def wait_for_tokens(storage: Storage, ends: dict[int, int], timeout: float) -> R
     raise TimeoutError(f"{E2E_WATCHED} not archived to {ends} in {timeout}s")
 
 
-def test_a_watched_topic_runs_only_when_records_wait_and_after_a_triggerer_restart(
+def test_a_watched_topic_runs_when_records_wait_after_a_restart_and_back_to_back(
     airflow, kafka, s3, stack_settings, cluster_settings
 ):
     create_topic(kafka, E2E_WATCHED, partitions=2)
@@ -123,3 +135,20 @@ def test_a_watched_topic_runs_only_when_records_wait_and_after_a_triggerer_resta
     assert all(r["state"] == "success" for r in runs), runs
     assert len(asset_runs(airflow)) == 2
     assert_exactly_once(read_archive(storage, E2E_WATCHED), all_offsets({0: 15, 1: 15}))
+
+    # Records that keep coming: a firing while a run is on its way (its asset event, the next
+    # run's run_after) queues the next run behind it, which Airflow creates as the running one
+    # ends, so the runs follow back to back.
+    for second in range(KEEP_COMING):
+        produce(kafka, E2E_WATCHED, sample_events(1, NOW, seed=100 + second), partition=0)
+        time.sleep(1)
+    wait_for_tokens(storage, {0: 15 + KEEP_COMING, 1: 15}, timeout=600)
+    assert all(r["state"] == "success" for r in airflow.wait_for_runs(DAG_ID, timeout=600))
+    runs = sorted(asset_runs(airflow), key=lambda r: at(r, "start_date"))[2:]
+    assert len(runs) >= 2, runs
+    pairs = list(itertools.pairwise([{k: at(r, k) for k in TIMES} for r in runs]))
+    assert all(later["start_date"] >= earlier["end_date"] for earlier, later in pairs), runs
+    assert any(later["run_after"] < earlier["end_date"] for earlier, later in pairs), runs
+    assert_exactly_once(
+        read_archive(storage, E2E_WATCHED), all_offsets({0: 15 + KEEP_COMING, 1: 15})
+    )
