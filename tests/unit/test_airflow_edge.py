@@ -17,6 +17,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.triggers.base import TaskSuccessEvent
 
+import spark_jobs.main
 from cairn.config import TopicConfig
 from cairn.jobs import ArchiveInput, from_env
 from cairn.kafka.cluster import TopicNotFound
@@ -162,7 +163,7 @@ def spark_op(monkeypatch, storage, tmp_path):
             raise calls["raise"]
         return "wrote 1 files for 1 records"
 
-    monkeypatch.setattr(spark_operator.spark_jobs.main, "run", run)
+    monkeypatch.setattr(spark_jobs.main, "run", run)
 
     def submit(self, context):
         calls["submitted"].append(

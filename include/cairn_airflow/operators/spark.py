@@ -16,7 +16,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-import spark_jobs.main
+import spark_jobs
 from cairn.config import REPO, TopicConfig
 from cairn.errors import PERMANENT_EXIT
 from cairn.jobs import JobInput, check_shared, to_env
@@ -35,6 +35,10 @@ slots cap how many Spark jobs run at once. Airflow does not create it: a task in
 waits in `scheduled` for ever (the local stack and docker-compose.yml create it;
 docs/operating.md, Many topics)."""
 SPARK_JARS_DIR = Path(os.environ.get("CAIRN_JARS_DIR", REPO / ".cairn" / "jars")) / "spark"
+MAIN = Path(spark_jobs.__file__).with_name("main.py")
+"""The jobs' entry point, imported only where a job runs: with pyspark and the jobs' modules,
+its import took 0.5 s of every parse of a DAG file that builds Spark tasks (the DAG processor
+parses them again for each batch of task callbacks) and of every task process's start."""
 
 
 class CairnSparkOperator(SparkSubmitOperator):
@@ -79,7 +83,7 @@ class CairnSparkOperator(SparkSubmitOperator):
         killed after `spark_timeout`. An archive task whose payload is its plan task's result
         starts in the triggerer (`start_args`)."""
         super().__init__(
-            application=spark_jobs.main.__file__,
+            application=str(MAIN),
             conn_id=cfg.spark_connection or SPARK_CONN_ID,
             name=f"cairn-{job}-{cfg.topic}",
             pool=SPARK_POOL,
@@ -124,6 +128,8 @@ class CairnSparkOperator(SparkSubmitOperator):
         """The job on a session of the connection's Spark Connect server (the job's input,
         secrets included, stays in this process and reaches the server inside the run's plan,
         never on a command line)."""
+        import spark_jobs.main  # pyspark: only in the process that runs a job (`MAIN`)
+
         url = SparkConnectHook(self._conn_id).get_connection_url()
         log.info("%s job on the Spark Connect server %s", self.job, url.split("/;", 1)[0])
         with fail_fast(), connect_session(url, code_artifact()) as self._connected:
