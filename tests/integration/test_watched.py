@@ -31,7 +31,7 @@ from tests.integration.test_overview_page import fetch
 DAG_ID = f"archive__{E2E_WATCHED}"
 SCHEDULER_SLACK = 20.0
 """Seconds from an asset event to its queued run, on this loaded machine."""
-KEEP_COMING = 90
+KEEP_COMING = 45
 """Seconds of one record a second, for several runs of which each takes longer than the
 `max_delay` after which the records arriving meanwhile fire the next."""
 
