@@ -16,14 +16,13 @@ from airflow.sdk import (
 from airflow.sdk.exceptions import AirflowSkipException
 
 from cairn.config import TopicConfig
-from cairn.pipeline import completeness
 from cairn_airflow.failures import NeedsWorker
 from cairn_airflow.triggers.waiting_records import WaitingRecordsTrigger
 
 
 def topic_asset(topic: str) -> Asset:
-    """The asset whose events announce `topic`'s complete dates."""
-    return Asset(completeness.asset_name(topic))
+    """The asset whose events announce `topic`'s complete dates: `cairn.<topic>`."""
+    return Asset(f"cairn.{topic}")
 
 
 def waiting_asset(cfg: TopicConfig) -> Asset:
@@ -69,7 +68,9 @@ def announce_dates(asset: Asset, done: dict) -> list[str]:
     """Emit one event of `asset` per date `done` (a `Completion`) marked, the date as partition
     key; skip the task when there is none, so no event without a date is ever emitted (in the
     triggerer too: only a task with dates to announce needs a worker)."""
-    keys = completeness.Completion.model_validate(done).partition_keys
+    from cairn.pipeline.completeness import Completion  # numpy and pyarrow: not at parse time
+
+    keys = Completion.model_validate(done).partition_keys
     if not keys:
         raise AirflowSkipException("no date became complete or changed")
     try:

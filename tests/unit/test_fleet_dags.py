@@ -5,6 +5,8 @@ schedule), and its Spark task is weighted by the lag its topic's last run left."
 from __future__ import annotations
 
 import runpy
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -210,6 +212,23 @@ def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, kind):
     assert built() == {dag_id(kind, "fleet.t007")}
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", "some_other_dag")
     assert built() == set()
+
+
+@pytest.mark.parametrize("path", ["dags/cairn_archive.py", "dags/cairn_seal.py"])
+def test_parsing_a_dag_file_leaves_the_pipeline_unimported(path):
+    """A DAG file is parsed at every task start and at every batch of the DAG processor's
+    callbacks: Cairn's pipeline and what it brings (pyarrow and numpy, a few tenths of a
+    second) load only where a step or a job runs."""
+    heavy = ["cairn.pipeline.completeness", "cairn.pipeline.archive_run", "pyarrow", "numpy"]
+    probe = (
+        f"import runpy, sys; runpy.run_path({path!r}); "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
 def test_a_callback_parse_builds_only_the_dags_with_callbacks(monkeypatch):

@@ -73,11 +73,6 @@ class CorruptState(PermanentError):
     """The completeness state is unreadable; delete it to have it rebuilt from the tokens."""
 
 
-def asset_name(topic: str) -> str:
-    """The name of the Airflow asset whose events announce `topic`'s complete dates."""
-    return f"cairn.{topic}"
-
-
 def cutoff(day: date, tz: tzinfo, lateness: timedelta) -> datetime:
     """When `day` (in `tz`) may be complete: its end plus the lateness allowance."""
     return datetime.combine(day + _DAY, time(), tzinfo=tz) + lateness

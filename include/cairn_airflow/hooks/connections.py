@@ -19,7 +19,6 @@ import os
 import threading
 from typing import Any, NamedTuple
 
-from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from airflow.sdk import BaseHook
 from airflow.sdk.configuration import conf
 from cachetools import TTLCache, cached
@@ -102,6 +101,9 @@ class _NoConnection(Exception):
 
 @cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
 def _aws_options(conn_id: str | None, for_spark: bool) -> dict[str, Any]:
+    # boto3 (a tenth of a second): not in every DAG file's parse, which imports this module
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
     hook = AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
     conn = hook.conn_config
     if not conn:

@@ -7,15 +7,17 @@ box in the grid with its own log, retries and clearing."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 from airflow.triggers.base import StartTriggerArgs
 
-from cairn_airflow import steps
 from cairn_airflow.failures import fail_fast
 from cairn_airflow.triggers.step import StepTrigger
+
+if TYPE_CHECKING:
+    from cairn_airflow.steps import StepName
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,7 @@ class Step(BaseOperator):
     def __init__(
         self,
         *,
-        step: steps.StepName,
+        step: StepName,
         topic: str,
         inputs: dict[str, PlainXComArg] | None = None,
         task_id: str | None = None,
@@ -46,6 +48,8 @@ class Step(BaseOperator):
         )
 
     def execute(self, context: Any) -> Any:
+        from cairn_airflow import steps  # Cairn's pipeline: not in the parse of a DAG file
+
         with fail_fast():
             return steps.run(self.step, self.topic, context, self.inputs)
 

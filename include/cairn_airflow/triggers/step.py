@@ -23,14 +23,16 @@ import functools
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
-from cairn_airflow import steps
 from cairn_airflow.failures import NeedsWorker
+
+if TYPE_CHECKING:
+    from cairn_airflow.steps import StepName
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ _THREADS = ThreadPoolExecutor(STEP_THREADS, thread_name_prefix="cairn-step")
 class StepTrigger(BaseTrigger):
     """Runs one step and ends its task, or sends the task to a worker."""
 
-    def __init__(self, step: steps.StepName, topic: str, upstream: dict[str, str]) -> None:
+    def __init__(self, step: StepName, topic: str, upstream: dict[str, str]) -> None:
         """`upstream`: the step's argument name → the upstream task whose result it is."""
         super().__init__()
         self.step, self.topic, self.upstream = step, topic, upstream
@@ -74,6 +76,8 @@ class StepTrigger(BaseTrigger):
         yield TaskSuccessEvent()
 
     def _run(self) -> None:
+        from cairn_airflow import steps  # Cairn's pipeline: not in the parse of a DAG file
+
         ti: Any = self.task_instance
         # one map index: the triggerer serves a single XCom, not the all-indexes query
         inputs = {
