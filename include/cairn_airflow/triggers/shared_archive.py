@@ -28,7 +28,6 @@ holds them, stays in the triggerer's memory.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,8 +39,9 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 from cairn.errors import PermanentError
 from cairn.jobs import ArchiveInput
 from cairn.protocol import manifest
+from cairn_airflow.triggers.loop_logger import LoopLogger
 
-log = logging.getLogger(__name__)
+log = LoopLogger(__name__)
 
 GATHER_SECONDS = 2.0
 """How long a job waits, after the first run arrives, for others to share it."""
@@ -89,7 +89,7 @@ class Batcher:
             if not batch:
                 continue
             tag = f"cairn-shared-{uuid.uuid4().hex}"
-            log.info("shared Spark job %s: %d archive runs", tag, len(batch))
+            await log.info("shared Spark job %s: %d archive runs", tag, len(batch))
             try:
                 outcomes = await asyncio.to_thread(self.run_job, [w.job for w in batch], tag)
             except Exception as err:
@@ -180,15 +180,15 @@ class SharedArchiveTrigger(BaseTrigger):
             yield TriggerEvent({"on_worker": started})
             return
         url, job = started
-        log.info("archive job shared on the Spark Connect server %s", url.split("/;", 1)[0])
+        await log.info("archive job shared on the Spark Connect server %s", url.split("/;", 1)[0])
         outcome = await batcher(url).archive(job)
         if isinstance(outcome, Exception):
-            log.error("%s: %s: %s", job.claim, type(outcome).__name__, outcome)
+            await log.error("%s: %s: %s", job.claim, type(outcome).__name__, outcome)
             yield _error(outcome)
             return
         read = sum(outcome.records_read.values())
         shared = outcome.spark_job
-        log.info(
+        await log.info(
             "wrote %d files for %d records; attempt %s; Spark job %s of %d runs",
             len(outcome.files),
             read,

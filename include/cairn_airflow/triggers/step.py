@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -30,11 +29,12 @@ from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
 from cairn_airflow.failures import NeedsWorker
+from cairn_airflow.triggers.loop_logger import LoopLogger
 
 if TYPE_CHECKING:
     from cairn_airflow.steps import StepName
 
-log = logging.getLogger(__name__)
+log = LoopLogger(__name__)
 
 STEP_THREADS = 32
 """Steps running at once in a triggerer process. A step mostly waits: on object storage, on
@@ -65,12 +65,12 @@ class StepTrigger(BaseTrigger):
             call = functools.partial(contextvars.copy_context().run, self._run)
             await asyncio.get_running_loop().run_in_executor(_THREADS, call)
         except AirflowSkipException as skipped:
-            log.info("topic %s: %s skipped: %s", self.topic, self.step, skipped)
+            await log.info("topic %s: %s skipped: %s", self.topic, self.step, skipped)
             yield TaskSkippedEvent()
             return
         except Exception as err:
             said = log.info if isinstance(err, NeedsWorker) else log.warning  # planned, or not
-            said("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
+            await said("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
             yield TriggerEvent({"on_worker": f"{type(err).__name__}: {err}"})
             return
         yield TaskSuccessEvent()

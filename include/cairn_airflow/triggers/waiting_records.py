@@ -12,7 +12,6 @@ firing is lost, only its `max_delay` clock starts again.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Hashable
@@ -25,8 +24,9 @@ from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.waiting import Offsets, WaitRule, Watch
 from cairn_airflow.hooks.connections import KAFKA_CONN_ID, akafka_conf
+from cairn_airflow.triggers.loop_logger import LoopLogger
 
-log = logging.getLogger(__name__)
+log = LoopLogger(__name__)
 
 POLL_SECONDS = 5.0
 """How often the shared poll asks Kafka for the watched topics' offsets."""
@@ -85,7 +85,9 @@ class WaitingRecordsTrigger(BaseEventTrigger):
             except KafkaAccessDenied:
                 raise
             except KafkaException as err:  # Kafka away for a while: ask again next poll
-                log.warning("cannot read the offsets of %d watched topics: %s", len(topics), err)
+                await log.warning(
+                    "cannot read the offsets of %d watched topics: %s", len(topics), err
+                )
             else:
                 yield Snapshot(time.monotonic(), stable)
             await asyncio.sleep(POLL_SECONDS)
@@ -108,17 +110,22 @@ class WaitingRecordsTrigger(BaseEventTrigger):
                             cluster.group_offsets, kafka, self.group, self.topic, list(stable), 10.0
                         )
                     except KafkaException as err:
-                        log.warning("%s: cannot read group %s: %s", self.topic, self.group, err)
+                        await log.warning(
+                            "%s: cannot read group %s: %s", self.topic, self.group, err
+                        )
                         continue
                     watch.saw_position(position, snapshot.at)
                 if watch.due(stable, snapshot.at):
-                    yield TriggerEvent(self._event(stable, watch.position or {}))
+                    event = self._event(stable, watch.position or {})
+                    await log.info(
+                        "%s: %s records waiting; firing its archive", self.topic, event["waiting"]
+                    )
+                    yield TriggerEvent(event)
         finally:
             watched[self.topic] -= 1
 
     def _event(self, stable: Offsets, position: Offsets) -> dict[str, Any]:
         waiting = {str(p): end - position.get(p, 0) for p, end in stable.items()}
-        log.info("%s: %s records waiting; firing its archive", self.topic, waiting)
         return {"topic": self.topic, "waiting": waiting, "at": time.time()}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
