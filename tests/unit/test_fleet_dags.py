@@ -217,9 +217,10 @@ def test_a_task_process_builds_only_its_own_dag(monkeypatch, path, kind):
 @pytest.mark.parametrize("path", ["dags/cairn_archive.py", "dags/cairn_seal.py"])
 def test_parsing_a_dag_file_leaves_the_pipeline_unimported(path):
     """A DAG file is parsed at every task start and at every batch of the DAG processor's
-    callbacks: Cairn's pipeline and what it brings (pyarrow and numpy, a few tenths of a
-    second) load only where a step or a job runs."""
-    heavy = ["cairn.pipeline.completeness", "cairn.pipeline.archive_run", "pyarrow", "numpy"]
+    callbacks: Cairn's pipeline, the Spark jobs and what they bring (pyspark, pyarrow and
+    numpy, a few tenths of a second) load only where a step or a job runs."""
+    pipeline = ["cairn.pipeline.completeness", "cairn.pipeline.archive_run", "spark_jobs.main"]
+    heavy = [*pipeline, "pyspark", "pyarrow", "numpy"]
     probe = (
         f"import runpy, sys; runpy.run_path({path!r}); "
         f"print([m for m in {heavy!r} if m in sys.modules])"
