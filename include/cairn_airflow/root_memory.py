@@ -6,7 +6,9 @@ wrong place. Its consumer group shows it was archived, unless `commit_consumer_g
 so each commit also leaves its root in the Variable `cairn_archive_root.<topic>`
 (`remember_root`), and a topic's first run at another root checks whether that root still holds
 the topic's tokens (`earlier_roots`, `cairn.pipeline.archive_run.check_new_archive`). One
-Variable read per commit, a write only when the root changed; nothing that grows with history.
+Variable write per commit, one request to Airflow: reading it first, to write only a changed
+root, took two (the read and the mask of its value) on the triggerer's busiest path. Nothing
+that grows with history.
 """
 
 from __future__ import annotations
@@ -33,14 +35,13 @@ def remember_root(cfg: TopicConfig) -> None:
     """Record the root a run committed to. Best effort: a run that committed must not fail
     here (the consumer group is still a witness)."""
     try:
-        if Variable.get(root_variable(cfg.topic), default=None) != cfg.archive_root:
-            Variable.set(
-                root_variable(cfg.topic),
-                cfg.archive_root,
-                description="Written by Cairn's archive runs: the archive root the topic's last "
-                "commit went to; a first run at another root is refused while this one holds "
-                "the topic's tokens (docs/configuration.md, A changed archive root is refused).",
-            )
+        Variable.set(
+            root_variable(cfg.topic),
+            cfg.archive_root,
+            description="Written by Cairn's archive runs: the archive root the topic's last "
+            "commit went to; a first run at another root is refused while this one holds "
+            "the topic's tokens (docs/configuration.md, A changed archive root is refused).",
+        )
     except Exception as err:
         log.warning(
             "topic %s: archive root not remembered: %s: %s", cfg.topic, type(err).__name__, err

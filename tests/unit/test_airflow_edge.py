@@ -465,28 +465,32 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
 
 
 def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkeypatch, tmp_path):
-    """The Variable is written only when the root changed; an unwritable Variable never fails
-    the run that committed."""
+    """Each commit writes the Variable and reads nothing (one request to Airflow from the
+    triggerer, not a read, its mask and a write); an unwritable Variable never fails the run
+    that committed."""
     from cairn_airflow import root_memory
 
     variables: dict[str, str] = {}
-    writes = []
+    requests = []
+
+    def get_variable(key, default=None):
+        requests.append(("get", key))
+        return variables.get(key, default)
 
     def set_variable(key, value, description=None):
-        writes.append(key)
+        requests.append(("set", key))
         variables[key] = value
 
-    monkeypatch.setattr(
-        root_memory.Variable, "get", lambda key, default=None: variables.get(key, default)
-    )
+    monkeypatch.setattr(root_memory.Variable, "get", get_variable)
     monkeypatch.setattr(root_memory.Variable, "set", set_variable)
     first = TopicConfig(topic="orders", format="raw", archive_root=f"file://{tmp_path}/a")
     moved = first.model_copy(update={"archive_root": f"file://{tmp_path}/b"})
 
     assert root_memory.earlier_roots(first) == {}
+    requests.clear()
     root_memory.remember_root(first)
     root_memory.remember_root(first)
-    assert writes == ["cairn_archive_root.orders"]
+    assert requests == [("set", "cairn_archive_root.orders")] * 2
     assert root_memory.earlier_roots(first) == {}  # the same root is no witness
     (root, opened), *more = root_memory.earlier_roots(moved).items()
     assert not more and root == first.archive_root and opened.url == first.root.storage_url
