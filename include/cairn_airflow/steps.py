@@ -93,7 +93,7 @@ def complete(cfg: TopicConfig, context: Context) -> dict:
     return done.model_dump(mode="json")
 
 
-def check_health(cfg: TopicConfig, context: Context, summary: dict) -> list[str]:
+def check_health(cfg: TopicConfig, context: Context) -> list[str]:
     """Fail, calling the notifier, if the topic is past max_time_lag or max_quarantine_ratio
     (docs/operating.md, Alerts): on a worker, where the failure is handled."""
     return notifier.check_health(cfg)

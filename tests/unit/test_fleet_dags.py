@@ -97,7 +97,7 @@ def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream
         "verify": {"planned": "plan"},
         "commit": {"planned": "plan", "report": "verify"},
         "complete": {},
-        "check_health": {"summary": "commit"},
+        "check_health": {},  # after commit, reading the topic's status: nothing to pull
         "announce": {"done": "complete"},
         "more_waiting": {"summary": "commit"},
     }
@@ -113,6 +113,7 @@ def test_the_steps_around_the_spark_job_start_in_the_triggerer_on_their_upstream
     assert dag.get_task("complete").trigger_rule == "none_failed"  # idle runs complete dates
     # clean runs beside the Spark job, not before it: one step less on a run's critical path
     assert dag.get_task("clean").downstream_task_ids == {"verify"}
+    assert dag.get_task("check_health").upstream_task_ids == {"commit"}
     assert dag.get_task("archive").upstream_task_ids == {"plan"}
     assert dag.get_task("verify").upstream_task_ids == {"plan", "clean", "archive"}
     # a plan that finds nothing skips itself: every task that needs it, by its trigger rule
