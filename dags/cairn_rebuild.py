@@ -28,6 +28,7 @@ from cairn_airflow.failures import fail_fast
 from cairn_airflow.hooks.connections import storage
 from cairn_airflow.operators.spark import CairnSparkOperator
 from cairn_airflow.operators.step import Step
+from cairn_airflow.step_result import pulled
 
 
 def rebuild_dag(cfg: TopicConfig) -> DAG:
@@ -51,11 +52,11 @@ def rebuild_dag(cfg: TopicConfig) -> DAG:
     ) as dag:
 
         @task
-        def commit(chosen: dict) -> dict:
+        def commit(chosen: dict | str) -> dict:
             """Replace the dates' files by the re-derived ones (the one commit site)."""
             with fail_fast():
                 token = rebuild.commit_rebuild(
-                    storage(cfg), cfg, rebuild.Selection.model_validate(chosen)
+                    storage(cfg), cfg, rebuild.Selection.model_validate(pulled(chosen))
                 )
             return token.model_dump(mode="json", exclude={"adds", "replaces"}) | {
                 "files_written": len(token.adds),

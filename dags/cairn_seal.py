@@ -25,6 +25,7 @@ from cairn_airflow.hooks.catalog import catalog
 from cairn_airflow.hooks.connections import storage
 from cairn_airflow.operators.spark import CairnSparkOperator
 from cairn_airflow.operators.step import Step
+from cairn_airflow.step_result import pulled
 
 
 def seal_dag(cfg: TopicConfig) -> DAG:
@@ -44,7 +45,7 @@ def seal_dag(cfg: TopicConfig) -> DAG:
     ) as dag:
 
         @task
-        def commit(chosen: dict) -> dict:
+        def commit(chosen: dict | str) -> dict:
             """Commit the sealed files, replace the date in the table, write the proof."""
             from cairn.pipeline import seal
             from cairn.table import iceberg
@@ -54,7 +55,7 @@ def seal_dag(cfg: TopicConfig) -> DAG:
                 proof = seal.finish_seal(
                     storage(cfg),
                     cfg,
-                    seal.Selection.model_validate(chosen),
+                    seal.Selection.model_validate(pulled(chosen)),
                     iceberg.catalog_of(found) if found else None,
                 )
             return proof.model_dump(mode="json", exclude={"partitions"})

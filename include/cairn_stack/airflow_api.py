@@ -140,8 +140,14 @@ class AirflowAPI:
         return json.dumps(self.call("GET", path)["content"])
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        """A task's XCom, decoded as Airflow's `XComModel.deserialize_value` decodes it: a step
+        the triggerer ended has its result stored JSON-encoded (`cairn_airflow.step_result`)."""
         path = (
             f"/api/v2/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id)}"
             f"/taskInstances/{task_id}/xcomEntries/{key}"
         )
-        return self.call("GET", path)["value"]
+        value = self.call("GET", path)["value"]
+        try:
+            return json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            return value  # a task's own string, stored as it is

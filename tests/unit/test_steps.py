@@ -1,7 +1,7 @@
 """An archive run's steps start in the triggerer (`cairn_airflow.triggers.step`): each gets its
-upstream tasks' results, its result becomes the task's XCom as the triggerer ends the task (or
-it skips the task there), and anything that goes wrong there, or that only a worker can do (emit
-asset events), sends the task to a worker to run the step again."""
+upstream tasks' results, its result travels in the event that ends its task (or it skips the
+task there), and anything that goes wrong there, or that only a worker can do (emit asset
+events), sends the task to a worker to run the step again."""
 
 from __future__ import annotations
 
@@ -11,42 +11,44 @@ from datetime import date
 from types import SimpleNamespace
 
 import pytest
+from airflow.models.xcom import XComModel
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.triggers.base import TaskSkippedEvent, TaskSuccessEvent
 
 from cairn.errors import PermanentError
 from cairn.pipeline import seal
-from cairn_airflow import assets, steps
+from cairn_airflow import assets, step_result, steps
 from cairn_airflow.operators.step import Step
-from cairn_airflow.triggers import step as step_trigger
 from cairn_airflow.triggers.step import StepTrigger
 
 RESULTS: dict = {"plan": {"claim": "c"}, "verify": {"files": 2}}
+FAILURES = {"hiccup": ConnectionError("S3 hiccup"), "fenced": PermanentError("fenced")}
+"""What `commit` raises for a report naming one (a result is JSON: it names the error)."""
 
 
 class TI(SimpleNamespace):
     """What the triggerer gives a trigger: the task instance, to pull its upstream results and
     render its context."""
 
-    def xcom_pull(self, task_ids: str, map_indexes: int) -> dict:
+    def xcom_pull(self, task_ids: str, map_indexes: int) -> str:
         assert map_indexes == -1  # the triggerer serves one XCom, not the all-indexes query
-        return RESULTS[task_ids]
+        return stored(RESULTS[task_ids])
 
     def get_template_context(self) -> dict:
         run = SimpleNamespace(run_type=self.run_type, partition_key=self.partition_key)
         return {"run_id": self.run_id, "dag_run": run, "params": {}}
 
 
-@pytest.fixture
-def stored(monkeypatch) -> list:
-    """The XComs the trigger stores (through the task SDK, as a worker's task does)."""
-    stored = []
+def stored(result: object) -> str:
+    """A step's result as Airflow stores an ending event's XCom, and so as the tasks downstream
+    of a step the triggerer ended pull it (the XCom table's raw value)."""
+    return XComModel.serialize_value(result)
 
-    def store(key, value, **where) -> None:
-        stored.append((key, value, where))
 
-    monkeypatch.setattr(step_trigger.XCom, "set", store)
-    return stored
+def result(event: TaskSuccessEvent) -> object:
+    """What the tasks downstream of the step pull, once Airflow stored the event's XCom."""
+    assert event.xcoms is not None and set(event.xcoms) == {"return_value"}
+    return step_result.pulled(stored(event.xcoms["return_value"]))
 
 
 @pytest.fixture
@@ -57,7 +59,7 @@ def calls(monkeypatch) -> list:
     def commit(cfg, context, planned, report):
         calls.append((cfg, context["run_id"], planned, report))
         if report.get("fail"):
-            raise report["fail"]
+            raise FAILURES[report["fail"]]
         return {"seq": 7}
 
     monkeypatch.setattr(steps, "find_topic", lambda topic: f"<entry of {topic}>")
@@ -81,20 +83,28 @@ def events(trigger: StepTrigger, run_type: str = "manual", partition_key: str = 
     return asyncio.run(run())
 
 
-def test_a_step_runs_in_the_triggerer_on_its_upstream_results_and_ends_its_task(calls, stored):
+def test_a_step_runs_in_the_triggerer_on_its_upstream_results_and_ends_its_task(calls):
     trigger = StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"})
 
     [done] = events(trigger)
 
+    # the upstream results, stored JSON-encoded by their ending events, arrive decoded
     assert calls == [("<entry of orders>", "manual__1", {"claim": "c"}, {"files": 2})]
     assert isinstance(done, TaskSuccessEvent)  # no worker takes the task up
-    # what its downstream tasks pull, stored as a worker's task stores it, not in the event
-    where = {"dag_id": "archive__orders", "task_id": "commit", "run_id": "manual__1"}
-    assert stored == [("return_value", {"seq": 7}, {**where, "map_index": -1})]
-    assert not done.xcoms
+    # its result goes with the event: stored by the supervisor with the task's state, not
+    # pushed by a request of its own (the trigger has no XCom to push with)
+    assert result(done) == {"seq": 7}
 
 
-def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch, stored):
+def test_a_result_is_pulled_as_pushed_from_a_worker_or_the_triggerer():
+    """A worker's task pushes its result through the Execution API, stored as it is; an ending
+    event's is stored JSON-encoded. The tasks downstream get the same value either way."""
+    for value in ({"claim": {"seq": 3}}, ["s3://a/b"], True, None):
+        assert step_result.pulled(value) == value  # pushed from a worker
+        assert step_result.pulled(stored(value)) == value  # ended in the triggerer
+
+
+def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch):
     """Steps mostly wait (on storage, Kafka and the triggerer's supervisor): twenty of them
     wait together, where asyncio's default pool (the CPU count plus four) would have run a
     few and queued the rest."""
@@ -127,31 +137,32 @@ def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch, stored):
 
         return await asyncio.gather(*map(ended, triggers))
 
-    assert all(isinstance(done, TaskSuccessEvent) for [done] in asyncio.run(burst()))
-    assert len(stored) == 20
+    ended = asyncio.run(burst())
+    assert [result(done) for [done] in ended] == [{"seq": 7}] * 20
 
 
-def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again(calls, stored):
-    RESULTS["verify"] = {"fail": ConnectionError("S3 hiccup")}
+def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again(calls):
+    RESULTS["verify"] = {"fail": "hiccup"}
     try:
         [sent] = events(StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"}))
     finally:
         RESULTS["verify"] = {"files": 2}
-    assert not isinstance(sent, TaskSuccessEvent) and stored == []
+    assert not isinstance(sent, TaskSuccessEvent)
     assert sent.payload == {"on_worker": "ConnectionError: S3 hiccup"}
 
     step = Step(step="commit", topic="orders")
-    step.inputs = {"planned": {"claim": "c"}, "report": {"files": 2}}  # as rendered there
+    # as rendered there: one upstream result pushed by the triggerer, one by a worker
+    step.inputs = {"planned": stored({"claim": "c"}), "report": {"files": 2}}
     assert step.resume({"run_id": "manual__1"}, sent.payload) == {"seq": 7}
     assert len(calls) == 2
 
-    step.inputs["report"] = {"fail": PermanentError("fenced")}  # on a worker: failed for good
+    step.inputs["report"] = {"fail": "fenced"}  # on a worker: failed for good
     with pytest.raises(AirflowFailException, match="PermanentError: fenced"):
         step.resume({"run_id": "manual__1"}, sent.payload)
 
 
 def test_a_plan_with_nothing_new_skips_its_task_from_the_triggerer_and_on_a_worker(
-    calls, stored, monkeypatch
+    calls, monkeypatch
 ):
     """The tasks that need a plan are then skipped by their trigger rule; `complete` runs."""
     lags = []
@@ -163,24 +174,24 @@ def test_a_plan_with_nothing_new_skips_its_task_from_the_triggerer_and_on_a_work
 
     [skipped] = events(StepTrigger("plan", "orders", {}))
 
-    assert isinstance(skipped, TaskSkippedEvent) and stored == [] and lags == [0.0]
+    assert isinstance(skipped, TaskSkippedEvent) and lags == [0.0]
     with pytest.raises(AirflowSkipException, match="orders: nothing new in Kafka"):
         Step(step="plan", topic="orders").execute({"run_id": "manual__1"})
 
 
 @pytest.mark.parametrize(("more", "ends"), [(True, TaskSuccessEvent), (False, TaskSkippedEvent)])
-def test_more_waiting_starts_the_next_run_only_at_the_cap(calls, stored, more, ends):
+def test_more_waiting_starts_the_next_run_only_at_the_cap(calls, more, ends):
     RESULTS["commit"] = {"more_waiting": more}
     try:
         [ended] = events(StepTrigger("more_waiting", "orders", {"summary": "commit"}))
     finally:
         del RESULTS["commit"]
     assert isinstance(ended, ends)
-    assert [value for _, value, _ in stored] == ([True] if more else [])
+    assert not more or result(ended) is True
 
 
 def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_their_events(
-    calls, stored, monkeypatch
+    calls, monkeypatch
 ):
     monkeypatch.setattr(steps, "find_topic", lambda topic: SimpleNamespace(topic=topic))
     RESULTS["complete"] = {"topic": "orders", "through": "2024-06-01"}
@@ -192,7 +203,6 @@ def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_thei
         del RESULTS["complete"]
     assert isinstance(idle, TaskSkippedEvent)  # no date: no worker, no event
     assert handed.payload == {"on_worker": "NeedsWorker: 1 date(s) to announce as asset events"}
-    assert stored == []
 
     outlet = SimpleNamespace(extra=None, keys=[])
     outlet.add_partitions = outlet.keys.extend
@@ -200,14 +210,14 @@ def test_only_a_run_that_completed_dates_sends_announce_to_a_worker_to_emit_thei
     monkeypatch.setattr(assets, "get_current_context", lambda: {"outlet_events": {asset: outlet}})
     step = Step(step="announce", topic="orders", outlets=[asset])
     step.inputs = {
-        "done": {"topic": "orders", "through": "2024-06-01", "completed": ["2024-06-01"]}
+        "done": stored({"topic": "orders", "through": "2024-06-01", "completed": ["2024-06-01"]})
     }
     assert step.resume({"run_id": "manual__1"}, handed.payload) == ["2024-06-01"]
     assert outlet.keys == ["2024-06-01"] and outlet.extra["topic"] == "orders"
 
 
 def test_a_rebuild_runs_only_when_asked_its_scheduled_runs_skip_in_the_triggerer(
-    calls, stored, monkeypatch
+    calls, monkeypatch
 ):
     """The daily timetable gives backfills their dates; the runs it schedules by itself (one
     per topic a day, one per new topic) start no worker process."""
@@ -218,7 +228,7 @@ def test_a_rebuild_runs_only_when_asked_its_scheduled_runs_skip_in_the_triggerer
 
     [skipped] = events(StepTrigger("select", "orders", {}), run_type="scheduled")
 
-    assert isinstance(skipped, TaskSkippedEvent) and stored == [] and selected == []
+    assert isinstance(skipped, TaskSkippedEvent) and selected == []
     with pytest.raises(AirflowSkipException, match="only when asked"):
         Step(step="select", topic="orders").execute(
             {"run_id": "scheduled__1", "dag_run": SimpleNamespace(run_type="scheduled")}
@@ -235,7 +245,7 @@ def test_a_rebuild_runs_only_when_asked_its_scheduled_runs_skip_in_the_triggerer
     assert run_id == "manual__2"
 
 
-def test_a_seal_run_with_nothing_to_seal_stops_at_select_in_the_triggerer(stored, monkeypatch):
+def test_a_seal_run_with_nothing_to_seal_stops_at_select_in_the_triggerer(monkeypatch):
     """Each date an archive run announces starts a seal run, and late records amend dates at
     almost every run of a busy topic: most of those runs find nothing to seal, and skip from
     the triggerer, with no worker process. A run that names no date fails at once."""
@@ -247,7 +257,7 @@ def test_a_seal_run_with_nothing_to_seal_stops_at_select_in_the_triggerer(stored
 
     [skipped] = events(StepTrigger("seal_select", "orders", {}), partition_key="2024-06-01")
 
-    assert isinstance(skipped, TaskSkippedEvent) and stored == []
+    assert isinstance(skipped, TaskSkippedEvent)
     assert chosen == [
         ("<storage>", SimpleNamespace(topic="orders"), date(2024, 6, 1), "manual__1", None)
     ]

@@ -24,6 +24,7 @@ from cairn_airflow import job_inputs
 from cairn_airflow.failures import fail, fail_fast
 from cairn_airflow.hooks.spark_connect import Connected, connect_session
 from cairn_airflow.spark_artifact import code_artifact
+from cairn_airflow.step_result import pulled
 from cairn_airflow.triggers.shared_archive import start_args
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class CairnSparkOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         with fail_fast():
-            resolved = job_inputs.resolve(self.job, self.topic, self.payload)
+            resolved = job_inputs.resolve(self.job, self.topic, pulled(self.payload))
         if resolved is None:
             return
         _, job = resolved

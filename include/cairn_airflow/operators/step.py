@@ -14,6 +14,7 @@ from airflow.sdk.definitions.xcom_arg import PlainXComArg
 from airflow.triggers.base import StartTriggerArgs
 
 from cairn_airflow.failures import fail_fast
+from cairn_airflow.step_result import pulled
 from cairn_airflow.triggers.step import StepTrigger
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ class Step(BaseOperator):
     def execute(self, context: Any) -> Any:
         from cairn_airflow import steps  # Cairn's pipeline: not in the parse of a DAG file
 
+        inputs = {name: pulled(value) for name, value in self.inputs.items()}
         with fail_fast():
-            return steps.run(self.step, self.topic, context, self.inputs)
+            return steps.run(self.step, self.topic, context, inputs)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
         """The step failed in the triggerer: run it here, where a failure is handled."""

@@ -39,6 +39,7 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 from cairn.errors import PermanentError
 from cairn.jobs import ArchiveInput
 from cairn.protocol import manifest
+from cairn_airflow.step_result import pull
 from cairn_airflow.triggers.loop_logger import LoopLogger
 
 log = LoopLogger(__name__)
@@ -207,8 +208,7 @@ class SharedArchiveTrigger(BaseTrigger):
         from cairn_airflow.job_inputs import checked, job_input
 
         ti: Any = self.task_instance
-        # one map index: the triggerer serves a single XCom, not the all-indexes query
-        planned = ti.xcom_pull(task_ids=self.plan_task, map_indexes=-1)
+        planned = pull(ti, self.plan_task)
         cfg = checked(self.topic, planned)
         if cfg is None:
             return None

@@ -4,8 +4,8 @@ triggerer, where its task starts (Airflow's `start_from_trigger`).
 A worker would fork a task process and parse the topic's DAG file for each of these steps, a
 few hundred milliseconds of plain Python and a few object-storage requests: under load the
 start, not the step, took most of a run's time. Here the step runs in a thread of the
-triggerer, with the task's context and the results its upstream tasks pushed; its result is
-pushed as the task's `return_value`, and the trigger ends the task from here, as succeeded or
+triggerer, with the task's context and the results of its upstream tasks; the trigger ends the
+task from here, as succeeded, its result in the ending event (`cairn_airflow.step_result`), or
 skipped (no worker takes it up). Whatever goes wrong here, and a step only a worker can finish
 (`NeedsWorker`), sends the task to a worker, which runs the step again (each is idempotent)
 with the usual failure handling: a permanent error fails it at once, anything else is
@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowSkipException
-from airflow.sdk.execution_time.xcom import XCom
-from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TriggerEvent
 
 from cairn_airflow.failures import NeedsWorker
+from cairn_airflow.step_result import ended, pull
 from cairn_airflow.triggers.loop_logger import LoopLogger
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class StepTrigger(BaseTrigger):
         try:
             # as asyncio.to_thread, in Cairn's pool: the step logs to its task's trigger log
             call = functools.partial(contextvars.copy_context().run, self._run)
-            await asyncio.get_running_loop().run_in_executor(_THREADS, call)
+            result = await asyncio.get_running_loop().run_in_executor(_THREADS, call)
         except AirflowSkipException as skipped:
             await log.info("topic %s: %s skipped: %s", self.topic, self.step, skipped)
             yield TaskSkippedEvent()
@@ -73,26 +73,11 @@ class StepTrigger(BaseTrigger):
             await said("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
             yield TriggerEvent({"on_worker": f"{type(err).__name__}: {err}"})
             return
-        yield TaskSuccessEvent()
+        yield ended(result)
 
-    def _run(self) -> None:
+    def _run(self) -> Any:
         from cairn_airflow import steps  # Cairn's pipeline: not in the parse of a DAG file
 
         ti: Any = self.task_instance
-        # one map index: the triggerer serves a single XCom, not the all-indexes query
-        inputs = {
-            name: ti.xcom_pull(task_ids=task_id, map_indexes=-1)
-            for name, task_id in self.upstream.items()
-        }
-        result = steps.run(self.step, self.topic, ti.get_template_context(), inputs)
-        # Stored as a worker stores it: an ending event's `xcoms` reach the task SDK JSON-encoded
-        # once more (a string, not the dict), and the triggerer's task instance cannot push one
-        # (its task lacks `returns_dag_result`), in Airflow 3.3.
-        XCom.set(
-            XCom.XCOM_RETURN_KEY,
-            result,
-            dag_id=ti.dag_id,
-            task_id=ti.task_id,
-            run_id=ti.run_id,
-            map_index=ti.map_index,
-        )
+        inputs = {name: pull(ti, task_id) for name, task_id in self.upstream.items()}
+        return steps.run(self.step, self.topic, ti.get_template_context(), inputs)
