@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import typing
 from datetime import date
 from types import SimpleNamespace
 
@@ -274,3 +275,11 @@ def test_the_trigger_serializes_with_no_secret_and_names_a_step_that_exists():
     assert path == "cairn_airflow.triggers.step.StepTrigger" and back == kwargs
     assert set(steps.STEPS) == set(steps.StepName.__args__)
     assert "verify" in steps.STEPS
+
+
+def test_no_step_returns_a_bare_string():
+    """A result the triggerer stored arrives as a JSON string and is decoded
+    (`step_result.pulled`): a step returning a string would be decoded as JSON by mistake."""
+    for name, step in steps.STEPS.items():
+        returns = typing.get_type_hints(step)["return"]
+        assert returns in (dict, bool) or typing.get_origin(returns) is list, (name, returns)
