@@ -51,11 +51,17 @@ ARROW_CONF = {
 # Spark's consumer asks the broker for the partition's earliest and latest offsets after every
 # poll (two round trips), so a poll may return up to 10,000 records instead of 500: a
 # 250,000-record task polls 25 times, not 500, and spends ~40% less time in Kafka's client.
+# Those two offset requests wait behind the fetch the client sends ahead after each poll, which
+# the broker holds up to `fetch.max.wait.ms` when nothing follows: at the end of every range,
+# 500 ms by default. A range's end is planned from what Kafka holds, so a fetch never needs to
+# wait for records to arrive: 10 ms cut Spark's time for 80 ranges of 20 records from 22 s to
+# 10.5 s (benchmarks/shared_job.py, docs/performance.md).
 # (Users' Kafka settings are limited to identity and connection ones, so these are Cairn's.)
 FETCH_OPTIONS = {
     "kafka.max.partition.fetch.bytes": str(8 * 1024 * 1024),
     "kafka.receive.buffer.bytes": str(4 * 1024 * 1024),
     "kafka.max.poll.records": "10000",
+    "kafka.fetch.max.wait.ms": "10",
 }
 
 
