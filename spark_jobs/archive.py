@@ -1,7 +1,8 @@
 """Spark job: read exactly the planned Kafka ranges and archive them in one pass.
 
 Only adapts Spark to the core: Spark's Kafka source gives each task one Kafka partition's range
-in offset order (committed records only); the JVM encodes each record's backup datum and, where
+in offset order (committed records only), or several tiny ranges one after another
+(`cairn.packing`); the JVM encodes each record's backup datum and, where
 `cairn.datafiles.fastpath` can, parses and encodes its partitioned datum; Arrow batches of those
 hand them to `cairn.datafiles.writer.write_partition`, which assembles backup, partitioned and
 quarantine files in the attempt's staging area (the Python parser takes the values the JVM did
@@ -13,7 +14,6 @@ not); the driver gathers what was written into the attempt manifest. `run` takes
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import secrets
@@ -24,9 +24,11 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import lit
 
+from cairn import packing
 from cairn.config import TopicConfig
 from cairn.datafiles import fastpath
 from cairn.datafiles.writer import PartitionResult, write_partition
@@ -114,9 +116,10 @@ def archive(
         except Exception as err:
             outcomes[i] = err
     results: dict[int, list[PartitionResult]] = {i: [] for i in parts}
-    for i, result in _collect(spark, parts) if parts else []:
+    collected, tasks = _collect(spark, parts) if parts else ([], 0)
+    for i, result in collected:
         results[i].append(result)
-    staged_by = manifest.SparkJob(tag=tag, runs=len(parts)) if tag and parts else None
+    staged_by = manifest.SparkJob(tag=tag, runs=len(parts), tasks=tasks) if tag and parts else None
     for i, part in parts.items():
         try:
             outcomes[i] = save_attempt(part.cfg, part.storage, part.planned, results[i], staged_by)
@@ -133,14 +136,18 @@ def _part(job: ArchiveInput) -> Part:
     return Part(job, cfg, storage, planned)
 
 
-def _collect(spark: SparkSession, parts: dict[int, Part]) -> list[tuple[int, PartitionResult]]:
-    """One Spark job over every part's ranges: per group of parts (`_groups`) one Kafka source
-    and one writer stage, the groups' results in one union; each result with its part."""
+def _collect(
+    spark: SparkSession, parts: dict[int, Part]
+) -> tuple[list[tuple[int, PartitionResult]], int]:
+    """One Spark job over every part's ranges: per group of parts (`_groups`) a Kafka source and
+    a writer stage for its small ranges and one for its large ones (`cairn.packing`), all the
+    results in one union; each result with its part, and how many Spark tasks read them."""
     nonce = new_nonce()
     groups = _groups(parts, nonce)
     frames = [
-        _staging(spark, [parts[i] for i in group], nonce).select(lit(g).alias("group"), "*")
+        frame.select(lit(g).alias("group"), "*")
         for g, group in enumerate(groups)
+        for frame in _staging(spark, [parts[i] for i in group], nonce)
     ]
     owner = {(g, parts[i].planned.topic): i for g, group in enumerate(groups) for i in group}
     kafka = next(iter(parts.values())).job.kafka_conf()
@@ -154,11 +161,12 @@ def _collect(spark: SparkSession, parts: dict[int, Part]) -> list[tuple[int, Par
         raise KafkaAccessDenied(
             f"{kafka.describe()}: Spark's Kafka client was refused: {'; caused by '.join(causes)}"
         ) from None
-    return [
+    results = [
         (owner[(row.group, row.topic)], PartitionResult.model_validate_json(row.result))
         for row in rows
-        if row.topic is not None  # a range that held no committed record
+        if row.topic is not None  # a task whose ranges held no committed record
     ]
+    return results, len({row.task for row in rows})
 
 
 def _groups(parts: dict[int, Part], nonce: str) -> list[list[int]]:
@@ -201,12 +209,13 @@ class _Target:
     registries: dict[str, dict[str, Any]]
 
 
-RESULT = pa.schema([("topic", pa.string()), ("result", pa.string())])
+RESULT = pa.schema([("topic", pa.string()), ("result", pa.string()), ("task", pa.int32())])
 
 
-def _staging(spark: SparkSession, parts: list[Part], nonce: str) -> DataFrame:
-    """One group's records, read by one Kafka source and staged in each part's staging area by
-    its writers: each Spark task holds one Kafka partition's range, so one part's records."""
+def _staging(spark: SparkSession, parts: list[Part], nonce: str) -> list[DataFrame]:
+    """One group's records, read by its Kafka sources (`cairn.packing`: the small ranges packed
+    into few tasks, each large one a task of its own) and staged in each part's staging area by
+    its writers: one `write_partition` per range, so per topic-partition of a part."""
     first = parts[0]
     targets = {
         part.planned.topic: _Target(
@@ -219,44 +228,48 @@ def _staging(spark: SparkSession, parts: list[Part], nonce: str) -> DataFrame:
         )
         for part in parts
     }
-    plans = {part.planned.topic: part.planned.plan for part in parts}
-    source = (
-        spark.read.format("kafka")
-        .options(**first.job.kafka_conf().spark_options(), **FETCH_OPTIONS)
-        .options(**kafka_source_options(plans))
-        .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
-        .option("failOnDataLoss", "true")
-        .option("includeHeaders", "true")
-        .load()
-    )
+    ranges = {part.planned.topic: part.planned.plan.to_read for part in parts}
     for part in parts:
         gap = fastpath.gap(part.cfg)
         if gap is not None and part.cfg.parses:
             print(f"{part.planned.topic}: values are parsed in Python, not in Spark: {gap}")
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            if batch.num_rows:
-                break
-        else:  # nothing committed in the range: nothing to stage
-            yield pa.RecordBatch.from_pylist([{"topic": None, "result": None}], schema=RESULT)
-            return
-        topic = batch.column("topic")[0].as_py()
-        target = targets[topic]
-        result = write_partition(
-            itertools.chain([batch], batches),
-            target.cfg,
-            Storage(target.staged_url, **target.options),
-            target.processing_time,
-            target.attempt_id,
-            registries=target.registries,
-        )
-        row = {"topic": topic, "result": result.model_dump_json()}
-        yield pa.RecordBatch.from_pylist([row], schema=RESULT)
+        task = TaskContext.get().partitionId()
+        rows = []
+        for (topic, _), run in packing.partition_runs(batches):
+            target = targets[topic]
+            result = write_partition(
+                run,
+                target.cfg,
+                Storage(target.staged_url, **target.options),
+                target.processing_time,
+                target.attempt_id,
+                registries=target.registries,
+            )
+            rows.append({"topic": topic, "result": result.model_dump_json(), "task": task})
+        # A task whose ranges held no committed record stages nothing, and says so.
+        yield pa.RecordBatch.from_pylist(rows or [{"task": task}], schema=RESULT)
 
-    return encoded(source, first.cfg, nonce).mapInArrow(
-        guarded(write, requirements(first.job.artifact)), "topic string, result string"
-    )
+    def read(source: packing.Source) -> DataFrame:
+        records = (
+            spark.read.format("kafka")
+            .options(**first.job.kafka_conf().spark_options(), **FETCH_OPTIONS)
+            .options(**kafka_source_options(source.ranges))
+            .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
+            .option("failOnDataLoss", "true")
+            .option("includeHeaders", "true")
+            .load()
+        )
+        return records if source.tasks is None else records.coalesce(source.tasks)
+
+    staged = guarded(write, requirements(first.job.artifact))
+    return [
+        encoded(read(source), first.cfg, nonce).mapInArrow(
+            staged, "topic string, result string, task int"
+        )
+        for source in packing.pack(ranges)
+    ]
 
 
 def run(spark: SparkSession, job: ArchiveInput) -> str:

@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from cairn.packing import SMALL
 from cairn.pipeline import run_record
 from cairn.protocol import commit, tokens
 from cairn.protocol.manifest import Manifest
@@ -54,6 +55,30 @@ def test_runs_of_several_topics_share_a_job_and_a_fenced_run_fails_alone(
         assert record.seq == 1 and record.spark_job.tag == "t1"  # each its own token
         assert_exactly_once(read_archive(storage[topic], topic), all_offsets({0: 15, 1: 15}))
     assert tokens.list_tokens(storage[fenced], fenced) == []  # nothing of the fenced attempt
+
+
+def test_tiny_ranges_share_a_spark_task_and_a_large_one_has_its_own(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    tiny = [f"{topic_name}-tiny{i}" for i in range(5)]
+    for topic in tiny:
+        filled(kafka, topic, partitions=2, count=12)
+    busy = f"{topic_name}-busy"  # one large range, one tiny
+    create_topic(kafka, busy, partitions=2)
+    produce(kafka, busy, sample_events(SMALL, NOW, seed=1), partition=0)
+    produce(kafka, busy, sample_events(12, NOW, seed=2), partition=1)
+    cfgs = {topic: make_cfg(topic) for topic in (*tiny, busy)}
+    planned = {topic: archiver.plan(cfg) for topic, cfg in cfgs.items()}
+
+    outcomes = archiver.stage(*((cfgs[t], planned[t]) for t in cfgs), tag="packed")
+
+    assert all(isinstance(o, Manifest) for o in outcomes), outcomes
+    # 11 tiny ranges read by one task, the large one by another: not one task per range
+    assert {o.spark_job.tasks for o in outcomes} == {2}, outcomes[0].spark_job
+    for topic, cfg in cfgs.items():
+        archiver.finish(cfg, planned[topic])
+        ends = {0: SMALL, 1: 12} if topic == busy else {0: 12, 1: 12}
+        assert_exactly_once(read_archive(archiver.storage(cfg), topic), all_offsets(ends))
 
 
 def test_a_topic_whose_records_fail_fails_the_shared_job_and_alone_only_itself(
@@ -111,6 +136,8 @@ def test_a_burst_on_several_topics_is_archived_by_fewer_spark_jobs_than_runs(
     # fewer Spark jobs than runs that read records, and one of them served several topics
     assert len({job.tag for job in staged}) < len(staged), staged
     assert max(job.runs for job in staged) >= 2, staged
+    # and the tiny ranges of a job were read by fewer Spark tasks than ranges (`cairn.packing`)
+    assert all(job.tasks is not None and job.tasks < 2 * job.runs for job in staged), staged
     # the task deferred while Spark worked, and its log says which job staged it
     log = airflow.task_log(*read_by, "archive")
     assert "archive job shared on the Spark Connect server" in log, log

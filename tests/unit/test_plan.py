@@ -73,8 +73,8 @@ def test_nothing_new_is_an_empty_plan_keeping_the_position():
 
     assert p.empty and not p.capped
     assert p.next_offsets == {0: 50, 1: 7}
-    with pytest.raises(ValueError, match="reads nothing"):
-        kafka_source_options({"orders": p})
+    with pytest.raises(ValueError, match="'orders': nothing to read"):
+        kafka_source_options({"orders": p.ranges})
 
 
 @pytest.mark.parametrize("start", ["earliest", "latest"])
@@ -217,7 +217,10 @@ def test_spark_offsets_name_only_partitions_with_records_of_every_topic():
     p = make(make_token(3, {0: 10, 1: 7, 2: 0}), wm(p0=(0, 20), p1=(0, 7), p2=(0, 3)))
     other = make(None, wm(p0=(4, 9)))
 
-    options = {k: json.loads(v) for k, v in kafka_source_options({"orders": p, "b": other}).items()}
+    options = {
+        k: json.loads(v)
+        for k, v in kafka_source_options({"orders": p.ranges, "b": other.ranges}).items()
+    }
     assert options["startingOffsets"] == {"orders": {"0": 10, "2": 0}, "b": {"0": 4}}
     assert options["endingOffsets"] == {"orders": {"0": 20, "2": 3}, "b": {"0": 9}}
     assert options["assign"] == {"orders": [0, 2], "b": [0]}

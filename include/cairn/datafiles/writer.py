@@ -1,9 +1,10 @@
 """The one-pass writer: one Kafka partition's records in, backup/partitioned/quarantine files out.
 
-The Spark job calls `write_partition` once per task; Spark hands each task the records of one
-Kafka partition in offset order. Every file streams through `Storage.open_write` into the attempt's
-staging area (`cairn.protocol.commit`), whole or not at all, and is named by the offset of its first
-record, so the same input always yields the same names (a retry overwrites, never duplicates).
+The Spark job calls `write_partition` once per Kafka partition's range; Spark hands a task the
+records of one range, or of several tiny ones (`cairn.packing`), in offset order. Every file
+streams through `Storage.open_write` into the attempt's staging area (`cairn.protocol.commit`),
+whole or not at all, and is named by the offset of its first record, so the same input always
+yields the same names (a retry overwrites, never duplicates).
 
 Memory is bounded by open writers, not by records: each Avro writer buffers one block
 (`cairn.datafiles.avro_file.SYNC_INTERVAL`), and at most `max_open_files` partitioned writers plus

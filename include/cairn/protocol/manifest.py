@@ -36,6 +36,9 @@ class SparkJob(BaseModel):
     tag: str
     runs: PositiveInt
     """How many runs the job staged (of as many topics, but for a run fenced out by another)."""
+    tasks: PositiveInt | None = None
+    """How many Spark tasks read the job's ranges (`cairn.packing`; absent in manifests written
+    before Cairn packed them)."""
 
 
 class Manifest(Versioned):

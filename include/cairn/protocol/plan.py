@@ -189,18 +189,19 @@ def plan(
     return Plan(topic=topic, ranges=ranges, capped=capped, gaps=gaps, adopted=adopted)
 
 
-def kafka_source_options(plans: Mapping[str, Plan]) -> dict[str, str]:
+def kafka_source_options(ranges: Mapping[str, Mapping[int, tuple[int, int]]]) -> dict[str, str]:
     """Spark Kafka source `assign`, `startingOffsets` and `endingOffsets` for the non-empty
-    ranges of each topic's plan: one source reads every topic's planned records (Spark
-    demands offsets for every partition it reads, and reads exactly the partitions assigned)."""
+    `ranges` of each topic (a plan's `to_read`, or the part of it `cairn.packing` gives a
+    source): one source reads them all (Spark demands offsets for every partition it reads, and
+    reads exactly the partitions assigned)."""
     assign, start, end = {}, {}, {}
-    for topic, plan in plans.items():
-        ranges = plan.to_read
-        if not ranges:
-            raise ValueError(f"topic {topic!r}: the plan reads nothing; do not start Spark")
-        assign[topic] = sorted(ranges)
-        start[topic] = {str(p): s for p, (s, _) in ranges.items()}
-        end[topic] = {str(p): e for p, (_, e) in ranges.items()}
+    for topic, partitions in ranges.items():
+        read = {p: (s, e) for p, (s, e) in partitions.items() if e > s}
+        if not read:
+            raise ValueError(f"topic {topic!r}: nothing to read; do not start Spark")
+        assign[topic] = sorted(read)
+        start[topic] = {str(p): s for p, (s, _) in read.items()}
+        end[topic] = {str(p): e for p, (_, e) in read.items()}
     return {
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(start),
