@@ -57,7 +57,7 @@ ARROW_CONF = {
 # the broker holds up to `fetch.max.wait.ms` when nothing follows: at the end of every range,
 # 500 ms by default. A range's end is planned from what Kafka holds, so a fetch never needs to
 # wait for records to arrive: 10 ms cut Spark's time for 80 ranges of 20 records from 22 s to
-# 10.5 s (benchmarks/shared_job.py, docs/performance.md).
+# 10.5 s (docs/performance.md, 2026-11-30).
 # (Users' Kafka settings are limited to identity and connection ones, so these are Cairn's.)
 FETCH_OPTIONS = {
     "kafka.max.partition.fetch.bytes": str(8 * 1024 * 1024),
