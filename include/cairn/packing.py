@@ -7,9 +7,9 @@ of 20 records on each of a thousand topics would be a thousand such tasks. So, a
 thousands of topic-partitions into a few work units, `pack` splits a job's ranges by size:
 
 - ranges under `SMALL` records are read by one Kafka source whose tasks Spark coalesces to
-  `Source.tasks`, enough that no task holds more than about `TASK_RANGES` ranges or
-  `TASK_RECORDS` records (Spark balances the coalesced tasks by ranges, not records, so a task
-  holds at most `TASK_RANGES` ranges of under `SMALL` records each);
+  `Source.tasks`, enough for about `TASK_RANGES` ranges or `TASK_RECORDS` records a task
+  (Spark's coalescing balances tasks by their count of ranges, and by locality on a cluster,
+  not by records: a task holds about `TASK_RANGES` ranges of under `SMALL` records each);
 - a range of `SMALL` records or more is read by a task of its own, as before.
 
 A packed task reads its ranges one after another, so its records arrive as runs of one
