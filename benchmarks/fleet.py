@@ -107,11 +107,20 @@ def interval_seconds(schedule: str) -> float:
 
 
 def query(api: AirflowAPI, path: str, key: str, **params: Any) -> list[dict]:
-    """Every row of a paged list endpoint (`limit`/`offset`)."""
+    """Every row of a paged list endpoint (`limit`/`offset`). A page the API server fails to
+    serve (under load it has answered 500, "Database error") is asked for again, up to 3 times,
+    so that a sitting's report is not lost to one failed page."""
     rows: list[dict] = []
     while True:
         qs = urllib.parse.urlencode({**params, "limit": 100, "offset": len(rows)}, doseq=True)
-        page = api.call("GET", f"{path}?{qs}")
+        for attempt in range(3):
+            try:
+                page = api.call("GET", f"{path}?{qs}")
+                break
+            except (RuntimeError, OSError):
+                if attempt == 2:
+                    raise
+                time.sleep(10)
         rows += page[key]
         if not page[key] or len(rows) >= page["total_entries"]:
             return rows
