@@ -208,9 +208,12 @@ def start(monkeypatch, payload: dict, try_number: int = 1) -> tuple[list, list]:
     trigger = SharedArchiveTrigger("orders", "cairn_spark", "plan")
     pulls = {"plan": payload}  # pulled by one map index: the triggerer serves no other query
     trigger.task_instance = SimpleNamespace(
+        dag_id="archive__orders",
+        run_id="manual__1",
         task_id="archive",
         try_number=try_number,
         xcom_pull=lambda task_ids, map_indexes: pulls[task_ids],
+        get_template_context=lambda: {"dag_run": SimpleNamespace(clear_number=0)},
     )
 
     async def events():

@@ -36,8 +36,20 @@ class TI(SimpleNamespace):
         return stored(RESULTS[task_ids])
 
     def get_template_context(self) -> dict:
-        run = SimpleNamespace(run_type=self.run_type, partition_key=self.partition_key)
+        run = SimpleNamespace(
+            run_type=self.run_type,
+            partition_key=self.partition_key,
+            clear_number=getattr(self, "clear_number", 0),
+        )
         return {"run_id": self.run_id, "dag_run": run, "params": {}}
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept():
+    """Each test starts, and leaves the next module, with no result kept in this process."""
+    step_result._kept.clear()
+    yield
+    step_result._kept.clear()
 
 
 def stored(result: object) -> str:
@@ -68,7 +80,9 @@ def calls(monkeypatch) -> list:
     return calls
 
 
-def events(trigger: StepTrigger, run_type: str = "manual", partition_key: str = "") -> list:
+def events(
+    trigger: StepTrigger, run_type: str = "manual", partition_key: str = "", clear_number: int = 0
+) -> list:
     trigger.task_instance = TI(
         dag_id="archive__orders",
         task_id=trigger.step,
@@ -76,6 +90,7 @@ def events(trigger: StepTrigger, run_type: str = "manual", partition_key: str = 
         map_index=-1,
         run_type=run_type,
         partition_key=partition_key,
+        clear_number=clear_number,
     )
 
     async def run():
@@ -103,6 +118,45 @@ def test_a_result_is_pulled_as_pushed_from_a_worker_or_the_triggerer():
     for value in ({"claim": {"seq": 3}}, ["s3://a/b"], True, None):
         assert step_result.pulled(value) == value  # pushed from a worker
         assert step_result.pulled(stored(value)) == value  # ended in the triggerer
+
+
+def test_a_step_takes_a_result_its_triggerer_ended_without_a_request(calls, monkeypatch):
+    """The supervisor serves one request per pass: the steps after `plan` and `verify` take
+    their results from this process, as they ended, and pull nothing."""
+    monkeypatch.setitem(steps.STEPS, "plan", lambda cfg, context: {"claim": "here"})
+    monkeypatch.setitem(steps.STEPS, "verify", lambda cfg, context, planned: {"of": planned})
+    [planned] = events(StepTrigger("plan", "orders", {}))
+    [verified] = events(StepTrigger("verify", "orders", {"planned": "plan"}))
+    assert result(verified) == {"of": {"claim": "here"}}
+
+    monkeypatch.setattr(TI, "xcom_pull", lambda *args, **kwargs: pytest.fail("a request"))
+    [done] = events(StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"}))
+
+    assert result(done) == {"seq": 7}
+    assert calls[-1][2:] == ({"claim": "here"}, {"of": {"claim": "here"}})
+    assert result(planned) == {"claim": "here"}  # and the same result went with the event
+
+
+def test_after_a_clear_or_a_step_that_started_again_the_result_is_pulled(calls, monkeypatch):
+    """Clearing any task of a run gives the run a new clear number: no step takes a result
+    kept from before. A step that starts again forgets its result, so one that then goes to a
+    worker leaves its downstream steps to pull the worker's."""
+    monkeypatch.setitem(steps.STEPS, "plan", lambda cfg, context: {"claim": "first"})
+    events(StepTrigger("plan", "orders", {}))
+    events(StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"}), clear_number=1)
+    assert calls[-1][2] == {"claim": "c"}  # RESULTS: pulled, as a worker's plan would be
+
+    events(StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"}))
+    assert calls[-1][2] == {"claim": "first"}  # the same clear number: kept
+
+    def fails(cfg, context):
+        raise ConnectionError("S3 hiccup")
+
+    monkeypatch.setitem(steps.STEPS, "plan", fails)
+    [sent] = events(StepTrigger("plan", "orders", {}))  # started again: to a worker
+    assert "on_worker" in sent.payload
+    events(StepTrigger("commit", "orders", {"planned": "plan", "report": "verify"}))
+    assert calls[-1][2] == {"claim": "c"}  # the worker's result, pulled
 
 
 def test_a_bursts_steps_wait_at_once_not_a_few_at_a_time(monkeypatch):

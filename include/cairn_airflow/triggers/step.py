@@ -28,7 +28,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TriggerEvent
 
 from cairn_airflow.failures import NeedsWorker
-from cairn_airflow.step_result import ended, pull
+from cairn_airflow.step_result import ended, pull, starting
 from cairn_airflow.triggers.loop_logger import LoopLogger
 
 if TYPE_CHECKING:
@@ -73,11 +73,12 @@ class StepTrigger(BaseTrigger):
             await said("topic %s: %s goes to a worker: %s", self.topic, self.step, err)
             yield TriggerEvent({"on_worker": f"{type(err).__name__}: {err}"})
             return
-        yield ended(result)
+        yield ended(self.task_instance, result)
 
     def _run(self) -> Any:
         from cairn_airflow import steps  # Cairn's pipeline: not in the parse of a DAG file
 
         ti: Any = self.task_instance
+        starting(ti)
         inputs = {name: pull(ti, task_id) for name, task_id in self.upstream.items()}
         return steps.run(self.step, self.topic, ti.get_template_context(), inputs)
