@@ -23,11 +23,12 @@ from cairn.protocol.manifest import VerifyReport
 from cairn.topics_file import find_topic
 from cairn_airflow import assets
 from cairn_airflow.hooks.catalog import catalog
-from cairn_airflow.hooks.connections import kafka_conf, storage
+from cairn_airflow.hooks.connections import kafka_conf, spark_conn_id, storage
 from cairn_airflow.notifications import notifier
 from cairn_airflow.priority import remember_lag
 from cairn_airflow.root_memory import earlier_roots, remember_root
 from cairn_airflow.stats import report_run
+from cairn_airflow.triggers.shared_archive import own_job
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def plan(cfg: TopicConfig, context: Context) -> dict:
         cfg, storage(cfg), kafka_conf(), context["run_id"], lambda: earlier_roots(cfg)
     )
     if planned is None:
-        remember_lag(cfg.topic, 0.0)
+        _remember_lag(cfg, 0.0)
         raise AirflowSkipException(
             f"topic {cfg.topic}: nothing new in Kafka; no Spark job, no token"
         )
@@ -73,18 +74,31 @@ def verify(cfg: TopicConfig, context: Context, planned: dict) -> dict:
 
 
 def commit(cfg: TopicConfig, context: Context, planned: dict, report: dict) -> dict:
+    claimed = archive_run.Planned.model_validate(planned)
     summary = archive_run.commit_run(
         cfg,
         storage(cfg),
-        archive_run.Planned.model_validate(planned),
+        claimed,
         VerifyReport.model_validate(report),
         kafka_conf(),
     )
     log.info("run summary: %s", summary.model_dump_json(indent=2))
     report_run(cfg, summary.seq)
-    remember_lag(cfg.topic, summary.time_lag_seconds)
-    remember_root(cfg)
+    _remember_lag(cfg, summary.time_lag_seconds)
+    remember_root(cfg, first=claimed.claim.base_seq == 0)
     return summary.model_dump(mode="json")
+
+
+def _remember_lag(cfg: TopicConfig, lag: float | None) -> None:
+    """The lag orders the Spark pool's queue (`cairn_airflow.priority`): recorded only for a
+    topic whose archive runs queue there. One whose runs share Spark jobs from the triggerer
+    waits for no slot, and each write is a request to the triggerer's supervisor."""
+    try:
+        queues = own_job(cfg, spark_conn_id(cfg)) is not None
+    except Exception:  # the connection is unreadable: record, as any run did before
+        queues = True
+    if queues:
+        remember_lag(cfg.topic, lag)
 
 
 def complete(cfg: TopicConfig, context: Context) -> dict:

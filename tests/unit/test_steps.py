@@ -234,6 +234,25 @@ def test_a_plan_with_nothing_new_skips_its_task_from_the_triggerer_and_on_a_work
         Step(step="plan", topic="orders").execute({"run_id": "manual__1"})
 
 
+@pytest.mark.parametrize(("own", "recorded"), [("share_spark_job is false", [0.0]), (None, [])])
+def test_only_a_topic_whose_runs_queue_for_the_spark_pool_records_its_lag(
+    calls, monkeypatch, own, recorded
+):
+    """The lag orders the pool's queue; a topic whose runs share Spark jobs from the triggerer
+    never waits there, and a write would be one more request to the triggerer's supervisor."""
+    lags = []
+    monkeypatch.setattr(steps, "own_job", lambda cfg, conn_id: own)
+    monkeypatch.setattr(steps, "remember_lag", lambda topic, lag: lags.append(lag))
+    monkeypatch.setattr(steps, "storage", lambda cfg: "<storage>")
+    monkeypatch.setattr(steps, "kafka_conf", lambda: "<kafka>")
+    monkeypatch.setattr(steps.archive_run, "plan_run", lambda *args: None)
+    monkeypatch.setattr(
+        steps, "find_topic", lambda topic: SimpleNamespace(topic=topic, spark_connection=None)
+    )
+    [skipped] = events(StepTrigger("plan", "orders", {}))
+    assert isinstance(skipped, TaskSkippedEvent) and lags == recorded
+
+
 @pytest.mark.parametrize(("more", "ends"), [(True, TaskSuccessEvent), (False, TaskSkippedEvent)])
 def test_more_waiting_starts_the_next_run_only_at_the_cap(calls, more, ends):
     RESULTS["commit"] = {"more_waiting": more}

@@ -32,6 +32,7 @@ from cairn.storage.objects import Storage
 from cairn.storage.s3_access import ConnectionMissing, connection_options
 
 KAFKA_CONN_ID = os.environ.get("CAIRN_KAFKA_CONN_ID", "cairn_kafka")
+SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
 LOCAL_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 """Executors that run every task on the scheduler's machine: only they can share a local root."""
 CONNECTION_SECONDS = 60.0
@@ -61,6 +62,11 @@ def connection(conn_id: str) -> Resolved:
 def _resolved(conn_id: str) -> Resolved:
     c = BaseHook.get_connection(conn_id)
     return Resolved(c.conn_type, c.host, c.port, c.login, c.password, c.extra_dejson)
+
+
+def spark_conn_id(cfg: TopicConfig) -> str:
+    """The Spark connection `cfg`'s jobs run on: its `spark_connection`, else the deployment's."""
+    return cfg.spark_connection or SPARK_CONN_ID
 
 
 def kafka_conf() -> KafkaConf:

@@ -22,6 +22,7 @@ from cairn.errors import PERMANENT_EXIT
 from cairn.jobs import JobInput, check_shared, to_env
 from cairn_airflow import job_inputs
 from cairn_airflow.failures import fail, fail_fast
+from cairn_airflow.hooks.connections import spark_conn_id
 from cairn_airflow.hooks.spark_connect import Connected, connect_session
 from cairn_airflow.spark_artifact import code_artifact
 from cairn_airflow.step_result import pulled
@@ -29,7 +30,6 @@ from cairn_airflow.triggers.shared_archive import start_args
 
 log = logging.getLogger(__name__)
 
-SPARK_CONN_ID = os.environ.get("CAIRN_SPARK_CONN_ID", "cairn_spark")
 SPARK_POOL = os.environ.get("CAIRN_SPARK_POOL", "cairn_spark")
 """The Airflow pool every Cairn Spark task (archive, rebuild, seal) takes one slot of, so its
 slots cap how many Spark jobs run at once. Airflow does not create it: a task in a missing pool
@@ -85,7 +85,7 @@ class CairnSparkOperator(SparkSubmitOperator):
         starts in the triggerer (`start_args`)."""
         super().__init__(
             application=str(MAIN),
-            conn_id=cfg.spark_connection or SPARK_CONN_ID,
+            conn_id=spark_conn_id(cfg),
             name=f"cairn-{job}-{cfg.topic}",
             pool=SPARK_POOL,
             pool_slots=1,

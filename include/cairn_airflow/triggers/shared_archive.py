@@ -36,6 +36,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
+from cairn.config import TopicConfig
 from cairn.errors import PermanentError
 from cairn.jobs import ArchiveInput
 from cairn.protocol import manifest
@@ -204,7 +205,6 @@ class SharedArchiveTrigger(BaseTrigger):
         its job's input only if it shares a job: a worker resolves its own."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-        from cairn_airflow.hooks.connections import connection
         from cairn_airflow.job_inputs import checked, job_input
 
         ti: Any = self.task_instance
@@ -214,14 +214,26 @@ class SharedArchiveTrigger(BaseTrigger):
             return None
         if ti.try_number > 1:
             return f"try {ti.try_number}: a retried or cleared run's job is its own"
-        if not cfg.share_spark_job:
-            return "share_spark_job is false"
-        conn = connection(self.spark_conn_id)
-        if conn.conn_type != SparkConnectHook.conn_type:
-            return f"connection {self.spark_conn_id!r} is of type {conn.conn_type!r}"
+        if own := own_job(cfg, self.spark_conn_id):
+            return own
         job = job_input("archive", cfg, planned)
         assert isinstance(job, ArchiveInput)
         return SparkConnectHook(self.spark_conn_id).get_connection_url(), job
+
+
+def own_job(cfg: TopicConfig, spark_conn_id: str) -> str | None:
+    """Why each archive run of `cfg` runs a Spark job of its own, on a worker in the Spark pool
+    (`CairnSparkOperator.resume`); None when its first try shares a job from the triggerer."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from cairn_airflow.hooks.connections import connection
+
+    if not cfg.share_spark_job:
+        return "share_spark_job is false"
+    conn = connection(spark_conn_id)
+    if conn.conn_type != SparkConnectHook.conn_type:
+        return f"connection {spark_conn_id!r} is of type {conn.conn_type!r}"
+    return None
 
 
 def _error(err: Exception) -> TriggerEvent:
