@@ -3,12 +3,13 @@ consumer group.
 
 A mistyped or moved `archive_root` would archive a topic again from its first offset into the
 wrong place. Its consumer group shows it was archived, unless `commit_consumer_group` is false;
-so each commit also leaves its root in the Variable `cairn_archive_root.<topic>`
-(`remember_root`), and a topic's first run at another root checks whether that root still holds
-the topic's tokens (`earlier_roots`, `cairn.pipeline.archive_run.check_new_archive`). One
-Variable write per commit, one request to Airflow: reading it first, to write only a changed
-root, took two (the read and the mask of its value) on the triggerer's busiest path. Nothing
-that grows with history.
+so a commit also leaves its root in the Variable `cairn_archive_root.<topic>` (`remember_root`),
+and a topic's first run at another root checks whether that root still holds the topic's tokens
+(`earlier_roots`, `cairn.pipeline.archive_run.check_new_archive`). A topic with a consumer group
+records its root at its first token there; one without records it at every commit, as its only
+witness. Each write is one request to Airflow, on the triggerer's busiest path (reading first,
+to write only a changed root, took two: the read and the mask of its value). Nothing that grows
+with history.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ def root_variable(topic: str) -> str:
     return f"{ROOT_VARIABLE_PREFIX}{topic}"
 
 
-def remember_root(cfg: TopicConfig) -> None:
-    """Record the root a run committed to. Best effort: a run that committed must not fail
-    here (the consumer group is still a witness)."""
+def remember_root(cfg: TopicConfig, first: bool) -> None:
+    """Record the root a run committed to, if it is the topic's `first` token there or the
+    topic commits no consumer group. Best effort: a run that committed must not fail here (the
+    consumer group is still a witness)."""
+    if not first and cfg.commit_consumer_group:
+        return
     try:
         Variable.set(
             root_variable(cfg.topic),

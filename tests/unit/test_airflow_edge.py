@@ -467,10 +467,13 @@ def test_a_spark_task_whose_topic_entry_broke_fails_without_retries(spark_op, mo
     assert not calls["sessions"] and not calls["submitted"]
 
 
-def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkeypatch, tmp_path):
-    """Each commit writes the Variable and reads nothing (one request to Airflow from the
-    triggerer, not a read, its mask and a write); an unwritable Variable never fails the run
-    that committed."""
+def test_a_commit_remembers_its_root_where_it_witnesses_and_a_first_run_elsewhere_gets_it(
+    monkeypatch, tmp_path
+):
+    """A topic's first token at a root writes the Variable, and so does every commit of a topic
+    without a consumer group (its only witness); a write reads nothing (one request to Airflow
+    from the triggerer, not a read, its mask and a write); an unwritable Variable never fails
+    the run that committed."""
     from cairn_airflow import root_memory
 
     variables: dict[str, str] = {}
@@ -491,8 +494,11 @@ def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkey
 
     assert root_memory.earlier_roots(first) == {}
     requests.clear()
-    root_memory.remember_root(first)
-    root_memory.remember_root(first)
+    root_memory.remember_root(first, first=True)  # its first token at the root
+    root_memory.remember_root(first, first=False)  # its consumer group is the witness now
+    assert requests == [("set", "cairn_archive_root.orders")]
+    no_group = first.model_copy(update={"commit_consumer_group": False})
+    root_memory.remember_root(no_group, first=False)  # the root is its only witness
     assert requests == [("set", "cairn_archive_root.orders")] * 2
     assert root_memory.earlier_roots(first) == {}  # the same root is no witness
     (root, opened), *more = root_memory.earlier_roots(moved).items()
@@ -502,4 +508,4 @@ def test_each_commit_remembers_its_root_and_a_first_run_elsewhere_gets_it(monkey
         raise ConnectionError("api-server gone")
 
     monkeypatch.setattr(root_memory.Variable, "set", broken)
-    root_memory.remember_root(moved)  # logged, not raised
+    root_memory.remember_root(moved, first=True)  # logged, not raised
