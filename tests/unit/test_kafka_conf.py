@@ -247,3 +247,53 @@ def test_the_airflow_edge_reads_the_kafka_providers_connection_and_reuses_it_a_m
     connections._resolved.cache.expire(time.monotonic() + CONNECTION_SECONDS + 1)
     with pytest.raises(KafkaConfigError, match=f"{LABEL} is of type 'generic'"):
         kafka_conf()
+
+
+EXTRA = json.dumps({"bootstrap.servers": "b1:9092"})
+
+
+def slow_reads(monkeypatch) -> list[str]:
+    """The connections this process reads from Airflow, each read taking a tenth of a second."""
+    from airflow.sdk import BaseHook, Connection
+
+    reads: list[str] = []
+
+    def read(conn_id: str) -> Connection:
+        reads.append(conn_id)
+        time.sleep(0.1)
+        return Connection(conn_id=conn_id, conn_type="kafka", extra=EXTRA)
+
+    monkeypatch.setattr(BaseHook, "get_connection", read)
+    return reads
+
+
+def test_threads_that_miss_the_same_connection_wait_for_one_read(monkeypatch):
+    """In the triggerer each read of a connection is a request to its supervisor (and one
+    more to mask each secret): a burst's steps that find the minute over read it once."""
+    import threading
+
+    from cairn_airflow.hooks.connections import kafka_conf
+
+    reads = slow_reads(monkeypatch)
+    threads = [threading.Thread(target=kafka_conf) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert reads == ["cairn_kafka"]
+
+
+def test_the_watchers_of_a_triggerer_read_the_kafka_connection_once(monkeypatch):
+    """1,000 topics' triggers start at once: one read, not one request each."""
+    import asyncio
+
+    from cairn_airflow.triggers import waiting_records
+
+    reads = slow_reads(monkeypatch)
+    monkeypatch.setattr(waiting_records, "_KAFKA", [])
+
+    async def watchers() -> list:
+        return await asyncio.gather(*(waiting_records._kafka() for _ in range(50)))
+
+    found = asyncio.run(watchers())
+    assert len({id(kafka) for kafka in found}) == 1 and reads == ["cairn_kafka"]

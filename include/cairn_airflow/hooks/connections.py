@@ -40,6 +40,14 @@ CONNECTION_SECONDS = 60.0
 within this, and a missing one is looked up again at every use."""
 
 
+def _once() -> dict[str, Any]:
+    """A cache's lock that also makes the threads missing one key wait for the first to resolve
+    it: when a minute ran out, the 32 steps of a burst each read the connection again, each read
+    and mask one more request to the triggerer's supervisor."""
+    condition = threading.Condition()
+    return {"lock": condition, "condition": condition}
+
+
 class Resolved(NamedTuple):
     """An Airflow connection's fields, its extra parsed once: each parse of the task SDK's
     connection extra is another round trip, to mask the secrets in it."""
@@ -58,7 +66,7 @@ def connection(conn_id: str) -> Resolved:
     return found._replace(extra=copy.deepcopy(found.extra))
 
 
-@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
+@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), **_once())
 def _resolved(conn_id: str) -> Resolved:
     c = BaseHook.get_connection(conn_id)
     return Resolved(c.conn_type, c.host, c.port, c.login, c.password, c.extra_dejson)
@@ -73,20 +81,10 @@ def kafka_conf() -> KafkaConf:
     """The Kafka connection (the Kafka provider's `kafka` type): its extra is librdkafka
     configuration, checked to be usable by every client Cairn runs (`cairn.kafka.connection`)."""
     conn = connection(KAFKA_CONN_ID)
-    return _kafka_conf(conn.conn_type, conn.extra)
-
-
-async def akafka_conf() -> KafkaConf:
-    """`kafka_conf` for async code: the triggerer's."""
-    conn = await BaseHook.aget_connection(KAFKA_CONN_ID)
-    return _kafka_conf(conn.conn_type, conn.extra_dejson)
-
-
-def _kafka_conf(conn_type: str | None, extra: dict[str, Any]) -> KafkaConf:
     label = f"Airflow connection {KAFKA_CONN_ID!r}"
-    if conn_type != "kafka":
-        raise KafkaConfigError(f"{label} is of type {conn_type!r}; make it a 'kafka' one")
-    return KafkaConf(extra, label)
+    if conn.conn_type != "kafka":
+        raise KafkaConfigError(f"{label} is of type {conn.conn_type!r}; make it a 'kafka' one")
+    return KafkaConf(conn.extra, label)
 
 
 def storage_options(cfg: TopicConfig, *, for_spark: bool = False) -> dict[str, Any]:
@@ -105,7 +103,7 @@ class _NoConnection(Exception):
     """The root's connection does not exist (raised, so that it is not remembered)."""
 
 
-@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), lock=threading.Lock())
+@cached(TTLCache(maxsize=256, ttl=CONNECTION_SECONDS), **_once())
 def _aws_options(conn_id: str | None, for_spark: bool) -> dict[str, Any]:
     # boto3 (a tenth of a second): not in every DAG file's parse, which imports this module
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook

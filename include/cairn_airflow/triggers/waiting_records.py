@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException
 from cairn.kafka import cluster
 from cairn.kafka.connection import KafkaAccessDenied, KafkaConf
 from cairn.waiting import Offsets, WaitRule, Watch
-from cairn_airflow.hooks.connections import KAFKA_CONN_ID, akafka_conf
+from cairn_airflow.hooks.connections import KAFKA_CONN_ID, kafka_conf
 from cairn_airflow.triggers.loop_logger import LoopLogger
 
 log = LoopLogger(__name__)
@@ -42,7 +42,12 @@ changed connection takes a triggerer restart, as the shared poll's client does."
 
 async def _kafka() -> KafkaConf:
     if not _KAFKA:
-        _KAFKA.append(await akafka_conf())
+        # in a thread, through the process's cache of connections: the triggers of 1,000 topics
+        # start at once and wait for the first one's read, not each reading (and masking) it
+        # in a request of its own to the triggerer's supervisor
+        found = await asyncio.to_thread(kafka_conf)
+        if not _KAFKA:
+            _KAFKA.append(found)
     return _KAFKA[0]
 
 
