@@ -82,6 +82,7 @@ def encoded(source: DataFrame, cfg: TopicConfig, nonce: str | None = None) -> Da
 
 # The Java client's exceptions for a refused login or an untrusted broker certificate.
 REFUSED = re.compile(r"\b(\w*(?:AuthenticationException|SSLHandshakeException): [^\n]*)")
+UNKNOWN_TOPIC = "UnknownTopicOrPartitionException"
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,13 @@ def _collect(
         with translated():
             rows = _union(frames).collect()
     except Exception as err:
+        if UNKNOWN_TOPIC in str(err):  # Kafka's words do not say which: every topic is named
+            topics = sorted(part.planned.topic for part in parts.values())
+            raise RuntimeError(
+                f"{kafka.describe()}: Spark's Kafka client found a topic of the job gone (deleted "
+                f"since it was planned?), among {', '.join(map(repr, topics[:10]))}"
+                f"{f' and {len(topics) - 10} more' if len(topics) > 10 else ''} ({UNKNOWN_TOPIC})"
+            ) from None
         causes = list(dict.fromkeys(REFUSED.findall(str(err))))[:2]  # the exception, its cause
         if not causes:
             raise
@@ -257,6 +265,7 @@ def _staging(spark: SparkSession, parts: list[Part], nonce: str) -> list[DataFra
             .options(**first.job.kafka_conf().spark_options(), **FETCH_OPTIONS)
             .options(**kafka_source_options(source.ranges))
             .option("kafka.isolation.level", "read_committed")  # never an aborted transaction
+            .option("kafka.allow.auto.create.topics", "false")  # nor a topic deleted since plan
             .option("failOnDataLoss", "true")
             .option("includeHeaders", "true")
             .load()

@@ -94,7 +94,7 @@ def kafka(settings: StackSettings) -> Service:
                 "share.coordinator.state.topic.min.isr=1",
                 "group.initial.rebalance.delay.ms=0",
                 "message.max.bytes=16777216",
-                "auto.create.topics.enable=false",
+                "auto.create.topics.enable=true",  # Kafka's default: Cairn must never ask
             ]
         )
         + "\n"

@@ -28,15 +28,25 @@ def delete_records(kafka: str, topic: str, before: int) -> None:
 
 def recreate_topic(kafka: str, topic: str) -> None:
     """Delete `topic` and create it again under the same name (with one partition)."""
-    admin = AdminClient({"bootstrap.servers": kafka})
-    admin.delete_topics([topic])[topic].result(30)
-    for _ in range(100):  # deletion completes asynchronously
+    delete_topic(kafka, topic)
+    for _ in range(100):  # the controller may still be removing its partitions
         try:
             create_topic(kafka, topic, partitions=1)
             return
         except KafkaException:
             time.sleep(0.2)
     raise TimeoutError(f"could not recreate {topic}")
+
+
+def delete_topic(kafka: str, topic: str) -> None:
+    """Delete `topic` and wait until the cluster no longer lists it."""
+    admin = AdminClient({"bootstrap.servers": kafka})
+    admin.delete_topics([topic])[topic].result(30)
+    for _ in range(100):  # deletion completes asynchronously
+        if topic not in admin.list_topics(timeout=10).topics:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{topic} still listed after deletion")
 
 
 @pytest.fixture
@@ -132,3 +142,31 @@ def test_rewind_past_retention_is_refused_and_deletes_nothing(
     error = capsys.readouterr().err
     assert "partition 0 [5, 20)" in error and "retention" in error and "rebuild" in error
     assert storage.list() == before
+
+
+def test_a_topic_deleted_under_a_run_is_never_created_again_by_cairn(
+    kafka, archiver, make_cfg, topic_name
+) -> None:
+    """The stack's broker creates a topic any client asks for (`auto.create.topics.enable`,
+    Kafka's default): none of Cairn's clients may ask, or a deleted topic would come back empty
+    and be archived as a new one. Plan, the Spark job and commit each meet the deleted topic."""
+    create_topic(kafka, topic_name, partitions=1)
+    produce(kafka, topic_name, [event(i, NOW) for i in range(5)], partition=0)
+    cfg = make_cfg(topic_name)
+    planned = archiver.plan(cfg)
+    assert planned is not None
+    delete_topic(kafka, topic_name)
+
+    conf = KafkaConf.from_bootstrap(kafka, "the test broker")
+    with pytest.raises(cluster.TopicNotFound, match=topic_name):
+        archiver.plan(cfg)
+    with pytest.raises(RuntimeError, match=f"a topic of the job gone .*'{topic_name}'"):
+        archiver.write(cfg, planned)
+    with pytest.raises(cluster.TopicNotFound, match=topic_name):  # commit's check
+        cluster.fetch_topic_id(conf, topic_name)
+    with pytest.raises(KafkaException, match=topic_name):  # completeness's question
+        cluster.offsets_after(conf, topic_name, [0], 0)
+
+    time.sleep(3)  # an auto-creation the broker was asked for completes within this
+    assert topic_name not in cluster.list_topic_names(conf)
+    assert commit.newest(archiver.storage(cfg), topic_name) is None

@@ -297,3 +297,84 @@ def test_the_watchers_of_a_triggerer_read_the_kafka_connection_once(monkeypatch)
 
     found = asyncio.run(watchers())
     assert len({id(kafka) for kafka in found}) == 1 and reads == ["cairn_kafka"]
+
+
+def test_a_process_keeps_one_admin_client_per_kafka_and_remakes_one_refused_access():
+    """Plans, commits and watchers of a triggerer share an admin client (librdkafka's start-up is
+    paid once); one that saw a refused login is dropped, so a fixed secret is tried anew."""
+    from confluent_kafka import KafkaError
+
+    from cairn.kafka import cluster
+    from cairn.kafka.connection import KafkaAccessDenied
+
+    servers = "127.0.0.1:1"  # nothing listens: refused at once
+    first = cluster._admin(KafkaConf.from_bootstrap(servers, LABEL))
+    assert cluster._admin(KafkaConf.from_bootstrap(servers, LABEL)) is first
+    assert cluster._admin(KafkaConf.from_bootstrap(servers, "another label")) is not first
+    first.errors.append(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication failed"))
+    with pytest.raises(KafkaAccessDenied, match=r"check sasl\.username and sasl\.password"):
+        first.check_access(poll=False)
+    assert cluster._admin(KafkaConf.from_bootstrap(servers, LABEL)) is not first
+
+
+def test_a_forked_child_makes_its_own_admin_client():
+    """librdkafka's threads stay in the parent: a child (a forked task process) that used the
+    parent's client would wait for answers no thread reads."""
+    import os
+
+    from cairn.kafka import cluster
+
+    kafka = KafkaConf.from_bootstrap("127.0.0.1:2", LABEL)
+    parents = id(cluster._admin(kafka))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child answers whether it was handed the parent's client, then exits
+        os.write(write, b"same" if id(cluster._admin(kafka)) == parents else b"own")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 4) == b"own"
+    assert id(cluster._admin(kafka)) == parents
+
+
+def test_offsets_are_asked_again_while_a_partitions_leader_is_elected():
+    """A topic just created answers 'not leader' for a moment (the replay's target, a new
+    partition): asked again with fresh metadata, not failed; any other error fails at once."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import OffsetSpec
+
+    from cairn.kafka import cluster
+
+    def answer(value: object) -> Future:
+        future: Future = Future()
+        if isinstance(value, KafkaError):
+            future.set_exception(KafkaException(value))
+        else:
+            future.set_result(SimpleNamespace(offset=value))
+        return future
+
+    def broker(*answers: dict) -> SimpleNamespace:
+        replies, asked = iter(answers), []
+
+        def list_offsets(request: dict, **_: object) -> dict:
+            asked.append(sorted(tp.partition for tp in request))
+            reply = next(replies)
+            return {tp: answer(reply[tp.partition]) for tp in request}
+
+        client = SimpleNamespace(list_offsets=list_offsets, list_topics=lambda *a, **k: None)
+        return SimpleNamespace(
+            client=client, kafka=KafkaConf.from_bootstrap("b:9"), check_access=lambda: None
+        ), asked
+
+    moving = KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
+    admin, asked = broker({0: 7, 1: moving}, {1: 3})
+    assert cluster._list_offsets(admin, "t", [0, 1], OffsetSpec.latest(), 5.0) == {0: 7, 1: 3}
+    assert asked == [[0, 1], [1]]
+
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    admin, asked = broker({0: 7, 1: denied})
+    with pytest.raises(KafkaException, match=r"topic 't': no offsets from .* partition 1: "):
+        cluster._list_offsets(admin, "t", [0, 1], OffsetSpec.latest(), 5.0)
+    assert asked == [[0, 1]]

@@ -3,12 +3,21 @@
 Every client is made from the one `KafkaConf` and watches librdkafka's error callback: a refused
 login or an untrusted certificate fails at once as `KafkaAccessDenied`, naming the configuration
 and the cause, instead of surfacing as a timeout after the full wait.
+
+Metadata, offsets and group commits go through one admin client per process and `KafkaConf`
+(`_admin`): its requests are asynchronous and thread-safe, so the triggerer's watchers and every
+topic's plan and commit share it instead of paying librdkafka's start-up (threads, connections,
+login) each time. Only reading records (`timestamps_at`) and a group's committed offsets
+(`group_offsets`) need a consumer of their own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -74,9 +83,17 @@ _COORDINATOR_SETTLING = {
 class _Client:
     """A confluent-kafka client that remembers the errors librdkafka reported on the side."""
 
-    def __init__(self, kafka: KafkaConf, make: Callable[[dict], Any], **overrides: Any) -> None:
+    def __init__(
+        self,
+        kafka: KafkaConf,
+        make: Callable[[dict], Any],
+        overrides: dict[str, Any],
+        retire: Callable[[], object] = lambda: None,
+    ) -> None:
         self.kafka = kafka
-        self.errors: list[KafkaError] = []
+        self.retire = retire
+        """Called when access is denied: a shared client is then made anew by the next caller."""
+        self.errors: deque[KafkaError] = deque(maxlen=64)
         self.client = make(kafka.client_config({**overrides, "error_cb": self.errors.append}))
 
     def check_access(self, poll: bool = True) -> None:
@@ -89,6 +106,7 @@ class _Client:
             if err.code() == KafkaError._AUTHENTICATION or (
                 err.code() == KafkaError._SSL and "certificate" in err.str()
             ):
+                self.retire()
                 raise KafkaAccessDenied(
                     f"{self.kafka.describe()}: Kafka refused the connection: {err.str()}; "
                     f"{DENIED[err.code()]}"
@@ -116,9 +134,100 @@ def reason(err: KafkaException) -> str:
     return first.str() if isinstance(first, KafkaError) else str(first)
 
 
+_admins: dict[str, _Client] = {}
+_admins_lock = threading.Lock()
+_inherited: list[dict[str, _Client]] = []
+_MOST_ADMINS = 8
+"""A process talks to a cluster or two; a connection whose secret rotates must not pile up."""
+
+
+def _admin(kafka: KafkaConf) -> _Client:
+    """The process's admin client for `kafka`, made on first use. It never asks the broker to
+    create a topic: an admin client is a producer to librdkafka, whose metadata requests would
+    otherwise let a broker with `auto.create.topics.enable` (Kafka's default) create a topic
+    that was deleted, or never existed, the moment Cairn asks about it."""
+    key = kafka.identity()
+    with _admins_lock:
+        admin = _admins.get(key)
+        if admin is None:
+            if len(_admins) >= _MOST_ADMINS:
+                del _admins[next(iter(_admins))]  # the oldest
+            admin = _admins[key] = _Client(
+                kafka,
+                AdminClient,
+                {"allow.auto.create.topics": False},
+                retire=lambda: _retire(key),
+            )
+        return admin
+
+
+def _retire(key: str) -> None:
+    with _admins_lock:
+        _admins.pop(key, None)
+
+
+def _forget_parent_clients() -> None:
+    """After a fork, the child makes its own clients: the parent's librdkafka threads did not
+    come along, so its clients are kept, unused, rather than destroyed (which would wait on
+    those threads) — as is its lock, which another thread may have held."""
+    global _admins, _admins_lock
+    _inherited.append(_admins)
+    _admins, _admins_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_clients)
+
+
+def _list_offsets(
+    admin: _Client, topic: str, partitions: list[int], spec: OffsetSpec, timeout: float
+) -> dict[int, int]:
+    """`spec`'s offset of each of `topic`'s `partitions` as `read_committed` readers see them:
+    one ListOffsets request per partition leader. A retriable answer (a leader just elected, as
+    in a topic just created) is asked again, with fresh metadata, until `timeout`; then this
+    raises naming every partition that failed."""
+    deadline = time.monotonic() + timeout
+    found: dict[int, int] = {}
+    pending = list(partitions)
+    while True:
+        futures = admin.client.list_offsets(
+            {TopicPartition(topic, p): spec for p in pending},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=max(1.0, deadline - time.monotonic()),
+        )
+        failed: dict[int, KafkaException] = {}
+        for tp, future in futures.items():
+            try:
+                found[tp.partition] = future.result().offset
+            except KafkaException as err:
+                failed[tp.partition] = err
+        retriable = all(_retriable(err) for err in failed.values())
+        if not failed or not retriable or time.monotonic() >= deadline:
+            break
+        pending = sorted(failed)
+        time.sleep(0.2)
+        admin.client.list_topics(topic, timeout=max(1.0, deadline - time.monotonic()))
+    if failed:
+        admin.check_access()
+        raise KafkaException(
+            f"topic {topic!r}: no offsets from {admin.kafka.describe()} within {timeout:g}s: "
+            + "; ".join(f"partition {p}: {reason(err)}" for p, err in sorted(failed.items()))
+        )
+    return found
+
+
+_LEADER_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+"""Answers for a partition whose leader is being elected (librdkafka may not mark them
+retriable)."""
+
+
+def _retriable(err: KafkaException) -> bool:
+    first = err.args[0] if err.args else None
+    return isinstance(first, KafkaError) and (first.retriable() or first.code() in _LEADER_MOVING)
+
+
 def list_topic_names(kafka: KafkaConf, timeout: float = 30.0) -> list[str]:
     """Every topic's name but Kafka's internal ones (`__…`), for topic patterns."""
-    admin = _Client(kafka, AdminClient)
+    admin = _admin(kafka)
     names = admin.metadata(None, timeout).topics
     return sorted(name for name in names if not name.startswith("__"))
 
@@ -128,7 +237,7 @@ class OffsetsReader:
     triggerer's one metadata client (`cairn_airflow.triggers.waiting_records`)."""
 
     def __init__(self, kafka: KafkaConf) -> None:
-        self.admin = _Client(kafka, AdminClient)
+        self.admin = _admin(kafka)
 
     def stable_offsets(self, topics: set[str], timeout: float = 10.0) -> dict[str, dict[int, int]]:
         """Per topic that exists, per partition, the last stable offset: the end of what
@@ -159,37 +268,26 @@ class OffsetsReader:
 def fetch_watermarks(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> dict[int, Watermarks]:
     """Low and high watermark of every partition of `topic`.
 
-    With `read_committed` the high watermark is the last stable offset, so a planned range never
+    The high watermark is the last stable offset (`read_committed`), so a planned range never
     ends inside an open transaction. Never creates the topic.
     """
-    reader = _Client(kafka, Consumer, **_CONSUMER, **{"group.id": "cairn-planner"})
-    consumer = reader.client
-    try:
-        metadata = reader.metadata(topic, timeout).topics.get(topic)
-        if metadata is None or (
-            metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-        ):
-            raise TopicNotFound(f"topic {topic!r} does not exist on {kafka.describe()}")
-        if metadata.error is not None:
-            raise KafkaException(metadata.error)
-        watermarks = {}
-        for partition in sorted(metadata.partitions):
-            offsets = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=timeout, cached=False
-            )
-            if offsets is None:
-                raise KafkaException(
-                    f"topic {topic!r} partition {partition}: no watermarks within {timeout}s"
-                )
-            watermarks[partition] = Watermarks(*offsets)
-        return watermarks
-    finally:
-        consumer.close()
+    admin = _admin(kafka)
+    metadata = admin.metadata(topic, timeout).topics.get(topic)
+    if metadata is None or (
+        metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    ):
+        raise TopicNotFound(f"topic {topic!r} does not exist on {kafka.describe()}")
+    if metadata.error is not None:
+        raise KafkaException(metadata.error)
+    partitions = sorted(metadata.partitions)
+    low = _list_offsets(admin, topic, partitions, OffsetSpec.earliest(), timeout)
+    high = _list_offsets(admin, topic, partitions, OffsetSpec.latest(), timeout)
+    return {p: Watermarks(low[p], high[p]) for p in partitions}
 
 
 def fetch_topic(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> TopicState:
     """The topic's id, watermarks and cleanup policy."""
-    admin = _Client(kafka, AdminClient)
+    admin = _admin(kafka)
     admin.metadata(topic, timeout)  # reachable, and allowed in, before waiting on requests
     with _describing(kafka, topic, timeout):
         topic_id = _topic_id(admin.client, topic, timeout)
@@ -202,7 +300,7 @@ def fetch_topic(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> TopicSta
 
 def fetch_topic_id(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> str:
     """Only the topic's id: whether it is still the topic that was planned."""
-    admin = _Client(kafka, AdminClient)
+    admin = _admin(kafka)
     admin.metadata(topic, timeout)
     with _describing(kafka, topic, timeout):
         return _topic_id(admin.client, topic, timeout)
@@ -247,8 +345,12 @@ def timestamps_at(
     lag_reader = _Client(
         kafka,
         Consumer,
-        **_CONSUMER,
-        **{"group.id": "cairn-lag", "fetch.max.bytes": 1024 * 1024, "enable.partition.eof": True},
+        {
+            **_CONSUMER,
+            "group.id": "cairn-lag",
+            "fetch.max.bytes": 1024 * 1024,
+            "enable.partition.eof": True,
+        },
     )
     consumer = lag_reader.client
     try:
@@ -285,7 +387,7 @@ def commit_group_offsets(
     caller decides that this never matters more than the token."""
     if not offsets:
         return
-    admin = _Client(kafka, AdminClient)
+    admin = _admin(kafka)
     admin.metadata(topic, timeout)
     request = ConsumerGroupTopicPartitions(
         group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
@@ -322,7 +424,7 @@ def group_offsets(
     asked = [TopicPartition(topic, p) for p in sorted(partitions)]
     deadline = time.monotonic() + timeout
     while True:
-        reader = _Client(kafka, Consumer, **_CONSUMER, **{"group.id": group})
+        reader = _Client(kafka, Consumer, {**_CONSUMER, "group.id": group})
         try:
             found = reader.client.committed(asked, timeout=max(1.0, deadline - time.monotonic()))
             return {tp.partition: tp.offset for tp in found if tp.error is None and tp.offset >= 0}
@@ -343,24 +445,10 @@ def offsets_after(
     kafka: KafkaConf, topic: str, partitions: list[int], millis: int, timeout: float = 10.0
 ) -> dict[int, int | None]:
     """Per partition, the first offset whose Kafka timestamp is after `millis` (None: no such
-    record yet), for completeness. One ListOffsets request; no record is fetched."""
+    record yet), for completeness. One ListOffsets request per leader; no record is fetched."""
     if not partitions:
         return {}
-    reader = _Client(kafka, Consumer, **_CONSUMER, **{"group.id": "cairn-completeness"})
-    consumer = reader.client
-    try:
-        asked = [TopicPartition(topic, p, millis + 1) for p in sorted(partitions)]
-        try:
-            found = consumer.offsets_for_times(asked, timeout=timeout)
-        except KafkaException:
-            reader.check_access()
-            raise
-        failed = [tp for tp in found if tp.error is not None]
-        if failed:
-            raise KafkaException(
-                f"topic {topic!r}: no offsets for time {millis} from {kafka.describe()}: "
-                + "; ".join(f"partition {tp.partition}: {tp.error.str()}" for tp in failed)
-            )
-        return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
-    finally:
-        consumer.close()
+    found = _list_offsets(
+        _admin(kafka), topic, sorted(partitions), OffsetSpec.for_timestamp(millis + 1), timeout
+    )
+    return {p: offset if offset >= 0 else None for p, offset in found.items()}

@@ -173,6 +173,11 @@ class KafkaConf:
     def __repr__(self) -> str:
         return f"KafkaConf({self.describe()})"
 
+    def identity(self) -> str:
+        """Label and settings as one string: equal for confs that would make the same client, so
+        a process can keep one client per identity (`cairn.kafka.cluster`)."""
+        return json.dumps([self.label, self._settings], sort_keys=True, default=str)
+
     def quiet(self) -> KafkaConf:
         """The same cluster with librdkafka's own log lines off (`log_level` 0), for the CLI:
         its one-line error says what pages of connection retries would repeat."""
