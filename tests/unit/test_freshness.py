@@ -5,16 +5,21 @@ metrics, and the alert past `max_freshness`."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from cairn.config import TopicConfig
-from cairn.pipeline import freshness, run_record
+from cairn.datafiles.writer import KafkaRecord
+from cairn.pipeline import archive_run, freshness, run_record
 from cairn.pipeline.freshness import Span
 from cairn.pipeline.run_record import RunRecord, TopicStatus
+from cairn.protocol import manifest
 from cairn.protocol.tokens import Counts
 from cairn.storage.objects import Storage
+from cairn.topics_file import load_topics
 from cairn.views import alerts, metrics
+from tests.unit.conftest import archive_records
 
 T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 
@@ -34,6 +39,49 @@ def test_a_runs_span_runs_from_its_newest_to_its_oldest_record():
     )
     assert span == Span(committed_at=committed, records=15, low=4.0, high=30.0)
     assert freshness.run_span(committed, planned, {0: 3}, {}, {}) is None  # Kafka said nothing
+
+
+def test_a_runs_span_comes_from_what_its_spark_job_read_without_asking_kafka(tmp_path):
+    """The writers note the first and last record's Kafka timestamp per partition; the manifest
+    and verify's report carry them to the commit, which then needs no Kafka consumer for them."""
+    topics = tmp_path / "topics.yaml"
+    topics.write_text(
+        f"topics:\n  - topic: orders\n    format: raw\n    archive_root: file://{tmp_path}/a\n"
+    )
+    cfg = load_topics(topics).topics[0]
+    storage = Storage(cfg.root.storage_url)
+    seconds_ago = {0: [30, 50, 10], 1: [12, 6]}  # Kafka timestamps need not grow with offsets
+    records = [
+        KafkaRecord("orders", p, o, ms(T0 - timedelta(seconds=s)), 0, None, b"v")
+        for p, ages in seconds_ago.items()
+        for o, s in enumerate(ages)
+    ]
+    token = archive_records(storage, cfg, T0, records)
+    timestamps = manifest.load(storage, token.manifest).timestamps
+    assert timestamps == {
+        0: (ms(T0 - timedelta(seconds=30)), ms(T0 - timedelta(seconds=10))),
+        1: (ms(T0 - timedelta(seconds=12)), ms(T0 - timedelta(seconds=6))),
+    }
+
+    report = manifest.VerifyReport(
+        counts=Counts(read=5),
+        partitions={0: Counts(read=3), 1: Counts(read=2)},
+        timestamps=timestamps,
+    )
+    planned = SimpleNamespace(
+        topic="orders",
+        replaces=None,
+        plan=SimpleNamespace(to_read={0: (0, 3), 1: (0, 2)}),
+        planned_at=T0 - timedelta(seconds=4),
+    )
+    committed = SimpleNamespace(created_at=T0)
+    # No Kafka at all (None): the span is the Spark job's.
+    assert archive_run._freshness(planned, committed, report, None) == Span(
+        committed_at=T0, records=5, low=6.0, high=30.0
+    )
+    # A manifest written before they were noted: Kafka is asked (here it cannot answer).
+    older = report.model_copy(update={"timestamps": {}})
+    assert archive_run._freshness(planned, committed, older, None) is None
 
 
 def test_quantiles_weigh_each_span_by_its_records_spread_evenly():

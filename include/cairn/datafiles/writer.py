@@ -99,6 +99,7 @@ class PartitionResult(BaseModel):
 
     partition: NonNegativeInt | None  # None when the call got no records
     records: NonNegativeInt  # records read from the iterator (== records in backup)
+    first_timestamp: int | None = None  # Kafka timestamp of the first record, epoch millis
     last_timestamp: int | None  # Kafka timestamp of the last record, epoch millis; None if none
     files: list[FileEntry]
 
@@ -445,11 +446,14 @@ class _PartitionWriter:
             self.parsed = ParsedWriter(cfg, files, processing_time, day, max_open_files, registries)
         self.backup: _OpenFile | None = None
         self.records = 0
+        self.first_timestamp: int | None = None
         self.last: KafkaRecord | EncodedRecord | None = None
 
     def write(self, r: KafkaRecord | EncodedRecord) -> None:
         self._check(r)
         self.records, self.last = self.records + 1, r
+        if self.first_timestamp is None:
+            self.first_timestamp = r.timestamp
         self._open_backup(r)
         assert self.backup is not None
         if isinstance(r, EncodedRecord):
@@ -486,6 +490,8 @@ class _PartitionWriter:
             return
         self.backup.avro.append_datums(batch.column("backup"), offsets)
         self.records, self.last = self.records + batch.num_rows, _row(batch, batch.num_rows - 1)
+        if self.first_timestamp is None:
+            self.first_timestamp = first.timestamp
 
     def _write_each(self, batch: pa.RecordBatch) -> None:
         for record in encoded_records(batch):
@@ -520,6 +526,7 @@ class _PartitionWriter:
         return PartitionResult(
             partition=None if last is None else last.partition,
             records=self.records,
+            first_timestamp=self.first_timestamp,
             last_timestamp=None if last is None else last.timestamp,
             files=self.files.files,
         )

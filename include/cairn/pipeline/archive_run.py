@@ -185,6 +185,13 @@ def save_attempt(
         gaps=planned.plan.gaps,
         parses=cfg.parses,
         spark_job=spark_job,
+        timestamps={
+            r.partition: (r.first_timestamp, r.last_timestamp)
+            for r in results
+            if r.partition is not None
+            and r.first_timestamp is not None
+            and r.last_timestamp is not None
+        },
     )
     ARCHIVE.save(storage, planned, attempt)
     return attempt
@@ -368,12 +375,17 @@ def _freshness(
     planned: Planned, token: tokens.Token, report: manifest.VerifyReport, kafka: KafkaConf
 ) -> freshness.Span | None:
     """How long the run's records waited (`cairn.pipeline.freshness`), from the Kafka timestamps
-    of the first and last record it read per partition; None if Kafka did not say, or if the
-    run reads rewound records again (their wait is the rewind's, not the archive's)."""
+    of the first and last record it read per partition: the Spark job's (the manifest's), else
+    asked of Kafka; None if Kafka did not say, or if the run reads rewound records again (their
+    wait is the rewind's, not the archive's)."""
     if planned.replaces:
         return None
     read = {p: c.read for p, c in report.partitions.items()}
     ranges = {p: r for p, r in planned.plan.to_read.items() if read.get(p)}
+    if all(p in report.timestamps for p in ranges):
+        first = {p: report.timestamps[p][0] for p in ranges}
+        last = {p: report.timestamps[p][1] for p in ranges}
+        return freshness.run_span(token.created_at, planned.planned_at, read, first, last)
     try:
         first = cluster.timestamps_at(kafka, planned.topic, {p: a for p, (a, _) in ranges.items()})
         ends = {p: b for p, (_, b) in ranges.items()}

@@ -59,6 +59,10 @@ class Manifest(Versioned):
     parses: bool = True
     """False for raw topics: backup only, nothing partitioned or quarantined."""
     spark_job: SparkJob | None = None
+    timestamps: dict[NonNegativeInt, tuple[int, int]] = Field(default_factory=dict)
+    """Kafka timestamps (epoch millis) of the first and last record read, per partition that had
+    any: how long the run's records waited, without asking Kafka again (absent from manifests
+    written before Cairn recorded them)."""
 
 
 Outcome = Manifest | Exception
@@ -69,6 +73,8 @@ class VerifyReport(BaseModel):
     counts: Counts
     partitions: dict[int, Counts]
     spark_job: SparkJob | None = None
+    timestamps: dict[int, tuple[int, int]] = Field(default_factory=dict)
+    """The manifest's: first and last record's Kafka timestamp per partition read."""
 
 
 def load(storage: Storage, key: str) -> Manifest:
@@ -190,4 +196,9 @@ def _report(manifest: Manifest) -> VerifyReport:
             for field in Counts.model_fields
         }
     )
-    return VerifyReport(counts=total, partitions=partitions, spark_job=manifest.spark_job)
+    return VerifyReport(
+        counts=total,
+        partitions=partitions,
+        spark_job=manifest.spark_job,
+        timestamps=manifest.timestamps,
+    )
