@@ -4,8 +4,11 @@ A run is due once `min_records` wait beyond what is archived or already fired fo
 oldest of them has waited `max_delay`. The triggerer (`cairn_airflow.triggers.waiting_records`)
 feeds a `Watch` each poll with the topic's last stable offsets, and with the archived position,
 read from the consumer group each commit moves, whenever the watch asks for it
-(`needs_position`): at the start, before any firing (a run may have committed meanwhile) and
-once per `max_delay` while a fired run has not committed. An idle topic (no record beyond the
+(`needs_position`): at the start, before any firing (a run may have committed meanwhile), at
+once when a commit in the same process moved the group, and while a fired run has not been
+seen to commit, after `max_delay`, then twice as long each time the group had not moved, up to
+`REREAD_CAP` (a run queued behind hundreds takes minutes: 1,000 topics each read every
+`max_delay` cost the triggerer a third of its time). An idle topic (no record beyond the
 position) therefore costs its share of one offsets request per poll and nothing else. The watch
 never decides what a run reads: the run's plan does, from its token. A firing too many only
 starts a run that finds nothing new.
@@ -60,6 +63,10 @@ def behind(stable: Offsets, position: Offsets) -> bool:
     return any(position.get(p, 0) > end for p, end in stable.items())
 
 
+REREAD_CAP = 120.0
+"""Seconds: the longest a fired run's commit made elsewhere (a worker, another triggerer) goes
+unseen. The run queued behind it (`AHEAD`) starts without the watch meanwhile."""
+
 AHEAD = 2
 """Firings a topic may have pending while its position does not move: the running run's, and
 one queued behind it (Airflow keeps it until the running run ends), so a topic whose records keep
@@ -82,24 +89,35 @@ class Watch:
     fired_at: float | None = None
     fired_since_move: int = 0
     """Firings since the position last moved."""
+    still_reads: int = 0
+    """Reads since the last firing or move that found the position where it was."""
 
-    def needs_position(self, stable: Offsets, now: float) -> bool:
+    def needs_position(self, stable: Offsets, now: float, moved: bool = False) -> bool:
         """Whether the position must be read before `due` can answer: never read yet, a fired run
-        not seen to commit (once per `max_delay`), or a run looks due (its answer must not rest
-        on a position a commit may have moved). A topic Kafka never held a record of needs none
-        yet."""
+        not seen to commit (`moved`: a commit in this process moved the group since the last
+        read; else after `reread_after`), or a run looks due (its answer must not rest on a
+        position a commit may have moved). A topic Kafka never held a record of needs none yet."""
         if self.position is None:
             return any(stable.values())
         last = max(self.read_at or 0.0, self.fired_at or 0.0)
-        if self._pending() and now - last >= self.rule.max_delay:
+        if self._pending() and (moved or now - last >= self.reread_after):
             return True
         return self._due(stable, now)
+
+    @property
+    def reread_after(self) -> float:
+        """Seconds from the last read or firing to the next read while a fired run is pending:
+        `max_delay`, doubled by each read that found the position still, up to `REREAD_CAP`."""
+        cap = max(self.rule.max_delay, REREAD_CAP)
+        return min(self.rule.max_delay * 2 ** min(self.still_reads, 16), cap)
 
     def saw_position(self, position: Offsets, now: float) -> None:
         """The consumer group's offsets, as just read at `now`."""
         self.read_at = now
+        if self.position == position:
+            self.still_reads += 1
         if self.position is not None and position != self.position:
-            self.fired_since_move = 0
+            self.fired_since_move = self.still_reads = 0
             if any(position.get(p, 0) < end for p, end in self.position.items()):
                 self.covered = {}  # rewound by hand: no firing covers what is read again
         self.position = dict(position)
@@ -112,6 +130,7 @@ class Watch:
             return False
         self.fired_at, self.covered = now, dict(stable)
         self.fired_since_move += 1
+        self.still_reads = 0
         self.since = None
         return True
 

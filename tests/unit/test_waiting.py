@@ -6,12 +6,13 @@ commit."""
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 
 from cairn.config import TopicConfig
 from cairn.schedule import completion_cron, topic_minute
-from cairn.waiting import WaitRule, Watch, waiting_records
+from cairn.waiting import REREAD_CAP, WaitRule, Watch, waiting_records
 
 RULE = WaitRule(min_records=100, max_delay=15.0)
 
@@ -60,11 +61,30 @@ def test_records_arriving_behind_a_firing_queue_one_run_behind_it_until_the_posi
     watch.saw_position({0: 0}, 27.0)
     assert watch.due({0: 540}, 27.0)  # queued behind the first run: they run back to back
     for second in range(30, 200, 5):  # two firings pending, the position still: no third
-        if watch.needs_position({0: 540 + second}, float(second)):  # once per max_delay
+        if watch.needs_position({0: 540 + second}, float(second)):  # ever less often
             watch.saw_position({0: 0}, float(second))
         assert not watch.due({0: 540 + second}, float(second))
     watch.saw_position({0: 500}, 200.0)  # the first run committed; the second is running
     assert watch.due({0: 900}, 200.0)  # 360 records no firing covers
+
+
+def test_a_pending_run_is_looked_for_ever_less_often_but_at_once_after_a_commit_seen_here():
+    """A run queued behind hundreds takes minutes: its watch reads the group after max_delay,
+    then twice as long each time it had not moved, up to REREAD_CAP; a commit made in the same
+    process (`moved`) is read at the next poll; a move or a new firing starts over."""
+    watch = watching({0: 0})
+    assert watch.due({0: 500}, 0.0)
+    reads = []
+    for second in range(5, 900, 5):  # the position still
+        if watch.needs_position({0: 500}, float(second)):
+            reads.append(second)
+            watch.saw_position({0: 0}, float(second))
+    assert reads[:5] == [15, 45, 105, 225, 345]  # +15, +30, +60, +120, +120 (the cap)
+    assert all(b - a == REREAD_CAP for a, b in pairwise(reads[3:]))
+    assert not watch.needs_position({0: 500}, 900.0)
+    assert watch.needs_position({0: 500}, 900.0, moved=True)  # a commit in this process
+    watch.saw_position({0: 500}, 900.0)  # it moved: read after max_delay again, once pending
+    assert watch.reread_after == RULE.max_delay
 
 
 def test_a_firing_counts_the_next_records_from_their_arrival_not_from_the_first_wait():

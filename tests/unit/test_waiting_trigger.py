@@ -62,3 +62,35 @@ def test_the_filter_fires_by_the_rule_and_a_silent_group_skips_a_poll(monkeypatc
     assert next(reads, None) is None  # every read the rule asked for was made
     assert fired["topic"] == "orders" and fired["waiting"] == {"0": 5}
     assert watched["orders"] == 0
+
+
+def test_a_commit_in_the_triggerers_own_process_is_looked_for_at_the_next_poll(monkeypatch):
+    """A step's commit in this process moved the group (`cluster.moved_since`): the watch reads
+    it at the next poll, not a max_delay (or longer, backing off) after its firing."""
+    reads = iter([{0: 0}, {0: 5}])
+
+    def group_offsets(kafka, group, topic, partitions, timeout):
+        return next(reads)
+
+    async def kafka() -> KafkaConf:
+        return KafkaConf({"bootstrap.servers": "nowhere:9092"}, "test")
+
+    monkeypatch.setattr(waiting_records.cluster, "group_offsets", group_offsets)
+    monkeypatch.setattr(waiting_records.cluster, "_group_moves", {})
+    monkeypatch.setattr(waiting_records, "_kafka", kafka)
+    trigger = WaitingRecordsTrigger(
+        topic="orders", group="cairn.orders", min_records=5, max_delay=15
+    )
+
+    async def stream():
+        yield Snapshot(0.0, {"orders": {0: 5}})  # position read, 5 records: fire at once
+        yield Snapshot(5.0, {"orders": {0: 5}})  # its run pending; not looked for yet
+        waiting_records.cluster._group_moves[("cairn.orders", "orders")] = 7.0  # committed here
+        yield Snapshot(10.0, {"orders": {0: 5}})  # read at once: up to 5, nothing pending
+
+    async def collect():
+        return [e.payload async for e in trigger.filter_shared_stream(stream())]
+
+    (fired,) = asyncio.run(collect())
+    assert fired["waiting"] == {"0": 5}
+    assert next(reads, None) is None  # the commit was read at 10 s, before max_delay

@@ -380,6 +380,17 @@ def timestamps_at(
         consumer.close()
 
 
+_group_moves: dict[tuple[str, str], float] = {}
+"""When this process last moved a consumer group's offsets of a topic (monotonic seconds)."""
+
+
+def moved_since(group: str, topic: str, since: float | None) -> bool:
+    """Whether this process moved `group`'s offsets of `topic` after `since` (monotonic
+    seconds): a triggerer's watcher of the topic then reads them at once (`cairn.waiting`)."""
+    at = _group_moves.get((group, topic))
+    return at is not None and (since is None or at > since)
+
+
 def commit_group_offsets(
     kafka: KafkaConf, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0
 ) -> None:
@@ -409,6 +420,7 @@ def commit_group_offsets(
             f"consumer group {group!r} topic {topic!r}: "
             + "; ".join(f"partition {tp.partition}: {tp.error.str()}" for tp in failed)
         )
+    _group_moves[(group, topic)] = time.monotonic()
 
 
 def group_offsets(

@@ -4,7 +4,8 @@ It runs in Airflow's triggerer behind an `AssetWatcher` (`cairn_airflow.assets.w
 It is no consumer-group member and commits nothing (Airflow's Kafka message-queue trigger does
 both): every watched topic of a triggerer process shares one poll, one admin client asking
 Kafka for the last stable offsets of all of them at once (`OffsetsReader`), and each topic's
-trigger reads its consumer group, which each archive commit moves, only when its `Watch` asks.
+trigger reads its consumer group, which each archive commit moves, only when its `Watch` asks
+(at once after a commit in this process: `cluster.moved_since`).
 A restarted triggerer starts the triggers again from the database; records still wait, so no
 firing is lost, only its `max_delay` clock starts again.
 """
@@ -109,7 +110,8 @@ class WaitingRecordsTrigger(BaseEventTrigger):
                 stable = snapshot.stable.get(self.topic)
                 if stable is None:
                     continue  # not (yet) on the cluster, or its offsets did not answer
-                if watch.needs_position(stable, snapshot.at):
+                moved = cluster.moved_since(self.group, self.topic, watch.read_at)
+                if watch.needs_position(stable, snapshot.at, moved):
                     try:
                         position = await asyncio.to_thread(
                             cluster.group_offsets, kafka, self.group, self.topic, list(stable), 10.0
