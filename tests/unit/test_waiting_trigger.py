@@ -5,6 +5,7 @@ consumer group that does not answer, and leaving the shared poll's watch list wh
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from confluent_kafka import KafkaException
 
@@ -67,9 +68,10 @@ def test_the_filter_fires_by_the_rule_and_a_silent_group_skips_a_poll(monkeypatc
 def test_a_commit_in_the_triggerers_own_process_is_looked_for_at_the_next_poll(monkeypatch):
     """A step's commit in this process moved the group (`cluster.moved_since`): the watch reads
     it at the next poll, not a max_delay (or longer, backing off) after its firing."""
-    reads = iter([{0: 0}, {0: 5}])
+    reads, threads = iter([{0: 0}, {0: 5}]), set()
 
     def group_offsets(kafka, group, topic, partitions, timeout):
+        threads.add(threading.current_thread().name.rsplit("_", 1)[0])
         return next(reads)
 
     async def kafka() -> KafkaConf:
@@ -94,3 +96,5 @@ def test_a_commit_in_the_triggerers_own_process_is_looked_for_at_the_next_poll(m
     (fired,) = asyncio.run(collect())
     assert fired["waiting"] == {"0": 5}
     assert next(reads, None) is None  # the commit was read at 10 s, before max_delay
+    # in their own threads: a burst's group reads leave the loop's default executor to the poll
+    assert threads == {"cairn-group-read"}

@@ -13,9 +13,11 @@ firing is lost, only its `max_delay` clock starts again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -37,6 +39,11 @@ STREAM_KEY = ("cairn.waiting_records", KAFKA_CONN_ID)
 _WATCHED: dict[Hashable, Counter[str]] = {}
 """Per shared poll, the topics its triggers watch (a topic may have more than one trigger)."""
 _KAFKA: list[KafkaConf] = []
+_GROUP_READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cairn-group-read")
+"""Where the watchers read their consumer groups (a consumer each, up to 10 s with a slow
+coordinator): a burst's hundreds queue here, not in the event loop's default executor, which the
+shared poll and Airflow's own calls need (in a 1,000-topic burst all six of its threads were in
+group reads)."""
 """The Kafka connection, read once per triggerer process (not once per topic's trigger): a
 changed connection takes a triggerer restart, as the shared poll's client does."""
 
@@ -112,9 +119,12 @@ class WaitingRecordsTrigger(BaseEventTrigger):
                     continue  # not (yet) on the cluster, or its offsets did not answer
                 moved = cluster.moved_since(self.group, self.topic, watch.read_at)
                 if watch.needs_position(stable, snapshot.at, moved):
+                    read = functools.partial(
+                        cluster.group_offsets, kafka, self.group, self.topic, list(stable), 10.0
+                    )
                     try:
-                        position = await asyncio.to_thread(
-                            cluster.group_offsets, kafka, self.group, self.topic, list(stable), 10.0
+                        position = await asyncio.get_running_loop().run_in_executor(
+                            _GROUP_READS, read
                         )
                     except KafkaException as err:
                         await log.warning(
