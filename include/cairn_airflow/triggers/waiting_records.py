@@ -39,13 +39,13 @@ STREAM_KEY = ("cairn.waiting_records", KAFKA_CONN_ID)
 _WATCHED: dict[Hashable, Counter[str]] = {}
 """Per shared poll, the topics its triggers watch (a topic may have more than one trigger)."""
 _KAFKA: list[KafkaConf] = []
+"""The Kafka connection, read once per triggerer process (not once per topic's trigger): a
+changed connection takes a triggerer restart, as the shared poll's client does."""
 _GROUP_READS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cairn-group-read")
 """Where the watchers read their consumer groups (a consumer each, up to 10 s with a slow
 coordinator): a burst's hundreds queue here, not in the event loop's default executor, which the
 shared poll and Airflow's own calls need (in a 1,000-topic burst all six of its threads were in
 group reads)."""
-"""The Kafka connection, read once per triggerer process (not once per topic's trigger): a
-changed connection takes a triggerer restart, as the shared poll's client does."""
 
 
 async def _kafka() -> KafkaConf:
