@@ -273,7 +273,14 @@ def fetch_watermarks(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> dic
     ends inside an open transaction. Never creates the topic.
     """
     admin = _admin(kafka)
-    metadata = admin.metadata(topic, timeout).topics.get(topic)
+    return _watermarks(admin, kafka, admin.metadata(topic, timeout), topic, timeout)
+
+
+def _watermarks(
+    admin: _Client, kafka: KafkaConf, found: Any, topic: str, timeout: float
+) -> dict[int, Watermarks]:
+    """`fetch_watermarks` of the partitions cluster metadata `found` lists for `topic`."""
+    metadata = found.topics.get(topic)
     if metadata is None or (
         metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
     ):
@@ -289,13 +296,13 @@ def fetch_watermarks(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> dic
 def fetch_topic(kafka: KafkaConf, topic: str, timeout: float = 10.0) -> TopicState:
     """The topic's id, watermarks and cleanup policy."""
     admin = _admin(kafka)
-    admin.metadata(topic, timeout)  # reachable, and allowed in, before waiting on requests
+    found = admin.metadata(topic, timeout)  # reachable, and allowed in, before waiting on requests
     with _describing(kafka, topic, timeout):
         topic_id = _topic_id(admin.client, topic, timeout)
         resource = ConfigResource(ResourceType.TOPIC, topic)
         (configs,) = admin.client.describe_configs([resource], request_timeout=timeout).values()
         policy = configs.result(timeout)["cleanup.policy"].value or ""
-    watermarks = fetch_watermarks(kafka, topic, timeout)
+    watermarks = _watermarks(admin, kafka, found, topic, timeout)
     return TopicState(topic_id, watermarks, "compact" in policy.split(","))
 
 
