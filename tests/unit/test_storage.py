@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from cairn.storage.objects import Storage
+from cairn.storage.objects import CONCURRENT_REQUESTS, Storage, at_once
 from tests.storage_promises import StoragePromises
 
 
@@ -49,3 +49,22 @@ def test_sizes_are_asked_at_once(monkeypatch) -> None:
 
     monkeypatch.setattr(storage.backend, "stat", waiting_stat)
     assert storage.sizes(keys) == {key: 2 for key in keys}
+
+
+def test_one_request_is_sent_from_the_callers_thread_many_together_in_order() -> None:
+    """A commit of one file starts no thread (hundreds of runs commit at once in the
+    triggerer); more than one go together, up to `CONCURRENT_REQUESTS`, answers in order."""
+    caller = threading.get_ident()
+    assert at_once(lambda item: (item, threading.get_ident()), ["only"]) == [("only", caller)]
+    assert at_once(str, []) == []
+    count = CONCURRENT_REQUESTS + 4
+    together = threading.Barrier(CONCURRENT_REQUESTS, timeout=5)
+
+    def request(item: int) -> tuple[int, int]:
+        if item < CONCURRENT_REQUESTS:
+            together.wait()  # only returns once CONCURRENT_REQUESTS requests are in flight
+        return item, threading.get_ident()
+
+    answers = at_once(request, range(count))
+    assert [item for item, _ in answers] == list(range(count))
+    assert caller not in {thread for _, thread in answers}

@@ -21,7 +21,6 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
@@ -43,7 +42,7 @@ from cairn.storage.layout import (
     pending_key,
     token_key,
 )
-from cairn.storage.objects import CONCURRENT_REQUESTS, ObjectExists, Storage
+from cairn.storage.objects import ObjectExists, Storage, at_once
 
 log = logging.getLogger(__name__)
 
@@ -467,8 +466,7 @@ def publish(storage: Storage, token: Token) -> None:
         storage.write(marker, began.model_dump_json().encode())
     # on S3 a copy, a delete and a size check each: one at a time, a busy topic's dozens of
     # files (late records fill many hours' folders) took most of its commit step
-    with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
-        moved = pool.map(lambda add: _move_in(storage, prefix, *add), sorted(token.adds.items()))
+    moved = at_once(lambda add: _move_in(storage, prefix, *add), sorted(token.adds.items()))
     problems = [problem for problem in moved if problem]
     if token.manifest is not None:
         try:
