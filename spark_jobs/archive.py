@@ -27,6 +27,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import lit
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from cairn import packing
 from cairn.config import TopicConfig
@@ -274,9 +275,7 @@ def _staging(spark: SparkSession, parts: list[Part], nonce: str) -> list[DataFra
 
     staged = guarded(write, requirements(first.job.artifact))
     return [
-        encoded(read(source), first.cfg, nonce).mapInArrow(
-            staged, "topic string, result string, task int"
-        )
+        encoded(read(source), first.cfg, nonce).mapInArrow(staged, from_arrow_schema(RESULT))
         for source in packing.pack(ranges)
     ]
 
