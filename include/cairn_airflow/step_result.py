@@ -15,7 +15,7 @@ each result a step ended with here is kept, by DAG, run, the run's clear number 
 a result from before a clear; a step that starts forgets what its task ended with here before
 (`starting`); a result another triggerer or a worker returned is pulled as before. Pulls were
 most of the supervisor's requests at a burst (seven of a run's eleven): the run's plan alone
-was pulled four times.
+was pulled four times. `complete`'s result is always pulled (`ALWAYS_PULLED`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ RESULT_SECONDS = 6 * 3600.0
 """How long a result stays kept for the steps after it (a run waiting longer pulls it)."""
 RESULTS_KEPT = 8192
 """The most results kept (a few kilobytes each): eight runs' results for each of 1,000 topics."""
+
+ALWAYS_PULLED = frozenset({"complete"})
+"""Tasks whose result is never taken from this process. With two triggerers, the one that ran
+`complete` may have lost the task to the other (a missed heartbeat), which ran it again and
+ended it; a re-run returns every date its run marked before plus any it marked since
+(`completeness.complete_run`), so the kept result could lack dates and `announce` skip them for
+good. The stored result is the one Airflow accepted: one request per run, where the plan's
+results are several."""
 
 _kept: TTLCache[tuple[str, str, int, str], str] = TTLCache(RESULTS_KEPT, RESULT_SECONDS)
 _lock = threading.Lock()
@@ -51,9 +59,10 @@ def starting(ti: Any) -> None:
 def ended(ti: Any, result: Any) -> TaskSuccessEvent:
     """The event that ends the step of `ti` as succeeded, its result the task's `return_value`,
     kept here for the steps after it."""
-    encoded = json.dumps(result)
-    with _lock:
-        _kept[_key(ti, ti.task_id)] = encoded
+    if ti.task_id not in ALWAYS_PULLED:
+        encoded = json.dumps(result)
+        with _lock:
+            _kept[_key(ti, ti.task_id)] = encoded
     return TaskSuccessEvent(xcoms={XCom.XCOM_RETURN_KEY: result})
 
 

@@ -137,6 +137,29 @@ def test_a_step_takes_a_result_its_triggerer_ended_without_a_request(calls, monk
     assert result(planned) == {"claim": "here"}  # and the same result went with the event
 
 
+def test_announce_pulls_the_completion_airflow_accepted_even_if_it_ended_here(monkeypatch):
+    """With two triggerers, this one's `complete` may have lost its task to the other, whose
+    re-run marked more dates: `announce` takes the stored result, never this process's."""
+    monkeypatch.setattr(steps, "find_topic", lambda topic: f"<entry of {topic}>")
+    monkeypatch.setitem(steps.STEPS, "complete", lambda cfg, context: {"dates": ["2026-11-01"]})
+    announced = []
+    monkeypatch.setitem(
+        steps.STEPS, "announce", lambda cfg, context, done: announced.append(done) or done
+    )
+    accepted = {"dates": ["2026-11-01", "2026-11-02"]}  # the other triggerer's, stored
+    pulls = []
+
+    def xcom_pull(self, task_ids, map_indexes):
+        pulls.append(task_ids)
+        return stored(accepted)
+
+    monkeypatch.setattr(TI, "xcom_pull", xcom_pull)
+    [ended_here] = events(StepTrigger("complete", "orders", {}))
+    assert result(ended_here) == {"dates": ["2026-11-01"]}  # its event still carries it
+    events(StepTrigger("announce", "orders", {"done": "complete"}))
+    assert (pulls, announced) == (["complete"], [accepted])
+
+
 def test_after_a_clear_or_a_step_that_started_again_the_result_is_pulled(calls, monkeypatch):
     """Clearing any task of a run gives the run a new clear number: no step takes a result
     kept from before. A step that starts again forgets its result, so one that then goes to a
