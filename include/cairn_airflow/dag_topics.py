@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import yaml
 from airflow.providers.standard.operators.python import PythonOperator
@@ -84,19 +85,22 @@ def topics_to_build(kind: Kind) -> list[TopicConfig]:
     grow with the fleet: ~17 s a task at 100 topics on two cores, past the import timeout."""
     running = get_parsing_context().dag_id
     wanted = {running} if running is not None else callback_dag_ids()
+    if wanted is not None and not wanted:
+        return []  # callbacks that need no DAG: not even the topics file is read
     topics = configured_topics()
     return topics if wanted is None else [c for c in topics if dag_id(kind, c.topic) in wanted]
 
 
 def callback_dag_ids() -> set[str] | None:
-    """When the DAG processor parses this file only to run callbacks: the DAGs they are for.
+    """When the DAG processor parses this file only to run callbacks: the DAGs they need.
 
-    Airflow 3.3 sends one for every task a trigger ends as succeeded, and parses the whole DAG
-    file for each batch of them only to ignore it (it runs failure callbacks alone): with every
-    step of a run ending in the triggerer, the DAG processor built every topic's DAGs every few
-    seconds, ~2.5 s of a core each time at 100 topics. Airflow does not tell a DAG file why it
-    is parsed, so this reads the request from the parse's frame; anywhere else, or should
-    Airflow change it, None (build all, as before)."""
+    Airflow 3.3 sends one for every task a trigger ends as succeeded, and parses the DAG file
+    for each batch of them only to ignore them (it runs a task's failure callbacks alone, and
+    looks for no DAG before it ignores the rest): with every step of a run ending in the
+    triggerer, the DAG processor built every topic's DAGs every few seconds, ~2.5 s of a core
+    each time at 100 topics. So a batch of such callbacks alone builds no DAG at all. Airflow
+    does not tell a DAG file why it is parsed, so this reads the request from the parse's
+    frame; anywhere else, or should Airflow change it, None (build all, as before)."""
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
@@ -104,9 +108,18 @@ def callback_dag_ids() -> set[str] | None:
             requests = getattr(frame.f_locals.get("msg"), "callback_requests", None)
             if not requests:
                 return None
-            return {r.ti.dag_id if hasattr(r, "ti") else r.dag_id for r in requests}
+            return {
+                r.ti.dag_id if hasattr(r, "ti") else r.dag_id
+                for r in requests
+                if not _ignored_by_airflow(r)
+            }
         frame = frame.f_back
     return None
+
+
+def _ignored_by_airflow(request: Any) -> bool:
+    """A task callback that is not a failure's: Airflow 3.3 logs it and runs nothing."""
+    return hasattr(request, "task_callback_type") and not request.is_failure_callback
 
 
 def misconfigured_run_dags(kind: Kind) -> dict[str, DAG]:

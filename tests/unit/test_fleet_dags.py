@@ -7,6 +7,7 @@ from __future__ import annotations
 import runpy
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,12 +16,13 @@ from unittest import mock
 import pytest
 import structlog
 import yaml
-from airflow.callbacks.callback_requests import DagCallbackRequest
+from airflow.callbacks.callback_requests import DagCallbackRequest, TaskCallbackRequest
 from airflow.dag_processing import processor
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import DAG
 from airflow.timetables.base import TimeRestriction
 from airflow.timetables.trigger import CronTriggerTimetable
+from airflow.utils.state import TaskInstanceState
 
 from cairn.config import REPO, TopicConfig
 from cairn.dag_ids import dag_id
@@ -257,6 +259,9 @@ def test_a_callback_parse_builds_only_the_dags_with_callbacks(monkeypatch):
             )
             for d in callback_dag_ids
         ]
+        return parse_requests(requests)
+
+    def parse_requests(requests: list) -> set[str]:
         request = processor.DagFileParseRequest(
             file=str(dags_folder / "cairn_archive.py"),
             bundle_path=dags_folder,
@@ -270,6 +275,30 @@ def test_a_callback_parse_builds_only_the_dags_with_callbacks(monkeypatch):
     assert parse(*wanted) == wanted
     assert parse() == {dag_id("archive", cfg.topic) for cfg in fleet}
     assert dag_topics.callback_dag_ids() is None
+
+    # a task's success callback (one for every step the triggerer ends) needs no DAG: Airflow
+    # ignores it before looking for one; a failure's or a retry's needs its DAG
+    def task_callback(topic: str, state: TaskInstanceState) -> TaskCallbackRequest:
+        ti = {"dag_id": dag_id("archive", topic), "task_id": "commit", "run_id": "r"}
+        ti |= {"id": uuid.uuid4(), "try_number": 1, "map_index": -1, "dag_version_id": uuid.uuid4()}
+        return TaskCallbackRequest(
+            filepath="cairn_archive.py",
+            bundle_name="dags-folder",
+            bundle_version=None,
+            ti=ti,
+            task_callback_type=state,
+        )
+
+    successes = [task_callback(f"fleet.t{i:03d}", TaskInstanceState.SUCCESS) for i in (1, 2)]
+    failure = task_callback("fleet.t009", TaskInstanceState.FAILED)
+    retry = task_callback("fleet.t011", TaskInstanceState.UP_FOR_RETRY)
+    reads = []
+    monkeypatch.setattr(dag_topics, "configured_topics", lambda: reads.append(1) or fleet)
+    assert (parse_requests(successes), reads) == (set(), [])  # not even the topics file read
+    assert parse_requests([*successes, failure, retry]) == {
+        dag_id("archive", "fleet.t009"),
+        dag_id("archive", "fleet.t011"),
+    }
 
 
 def test_a_topic_run_when_records_wait_is_watched_and_its_first_run_waits_for_them():
