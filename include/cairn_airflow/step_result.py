@@ -58,7 +58,7 @@ def starting(ti: Any) -> None:
 
 def ended(ti: Any, result: Any) -> TaskSuccessEvent:
     """The event that ends the step of `ti` as succeeded, its result the task's `return_value`,
-    kept here for the steps after it."""
+    kept here for the steps after it (unless `ALWAYS_PULLED`)."""
     if ti.task_id not in ALWAYS_PULLED:
         encoded = json.dumps(result)
         with _lock:
