@@ -5,13 +5,15 @@ oldest of them has waited `max_delay`. The triggerer (`cairn_airflow.triggers.wa
 feeds a `Watch` each poll with the topic's last stable offsets, and with the archived position,
 read from the consumer group each commit moves, whenever the watch asks for it
 (`needs_position`): at the start, before any firing (a run may have committed meanwhile), at
-once when a commit in the same process moved the group, and while a fired run has not been
-seen to commit, after `max_delay`, then twice as long each time the group had not moved, up to
-`REREAD_CAP` (a run queued behind hundreds takes minutes: 1,000 topics each read every
-`max_delay` cost the triggerer a third of its time). An idle topic (no record beyond the
-position) therefore costs its share of one offsets request per poll and nothing else. The watch
-never decides what a run reads: the run's plan does, from its token. A firing too many only
-starts a run that finds nothing new.
+once when a commit in the same process moved the group, and, while fired runs have not been
+seen to commit, only when a move could change what happens: more records wait than the firings
+cover while those firings already wait on the position (`AHEAD`), after `max_delay`, then twice
+as long each time the group had not moved, up to `REREAD_CAP`; or their run looks lost
+(`refire_after`). A run queued behind hundreds takes minutes: 1,000 topics each read every
+`max_delay` cost the triggerer a third of its time, and every `REREAD_CAP` still a sixth. An
+idle topic (no record beyond the position) therefore costs its share of one offsets request per
+poll and nothing else. The watch never decides what a run reads: the run's plan does, from its
+token. A firing too many only starts a run that finds nothing new.
 
 A firing covers the records stable when it fired: its run plans later, so it reads at least
 those. Records that arrive after it fire the next run by the same rule, even before the first
@@ -95,19 +97,25 @@ class Watch:
     def needs_position(self, stable: Offsets, now: float, moved: bool = False) -> bool:
         """Whether the position must be read before `due` can answer: never read yet, a fired run
         not seen to commit (`moved`: a commit in this process moved the group since the last
-        read; else after `reread_after`), or a run looks due (its answer must not rest on a
-        position a commit may have moved). A topic Kafka never held a record of needs none yet."""
+        read; else after `reread_after` if records wait that only a move lets fire), or a run
+        looks due (its answer must not rest on a position a commit may have moved). A topic
+        Kafka never held a record of needs none yet."""
         if self.position is None:
             return any(stable.values())
-        last = max(self.read_at or 0.0, self.fired_at or 0.0)
-        if self._pending() and (moved or now - last >= self.reread_after):
-            return True
+        if self._pending():
+            if moved:
+                return True
+            last = max(self.read_at or 0.0, self.fired_at or 0.0)
+            gone = behind(stable, self.position)
+            freed_by_a_move = (gone or self._waiting(stable) > 0) and self._held(gone)
+            if freed_by_a_move and now - last >= self.reread_after:
+                return True
         return self._due(stable, now)
 
     @property
     def reread_after(self) -> float:
-        """Seconds from the last read or firing to the next read while a fired run is pending:
-        `max_delay`, doubled by each read that found the position still, up to `REREAD_CAP`."""
+        """Seconds from the last read or firing to the next read while firings wait on the
+        position: `max_delay`, doubled by each read that found it still, up to `REREAD_CAP`."""
         cap = max(self.rule.max_delay, REREAD_CAP)
         return min(self.rule.max_delay * 2 ** min(self.still_reads, 16), cap)
 
@@ -143,15 +151,25 @@ class Watch:
         lost = self.fired_at is not None and now - self.fired_at >= self.rule.refire_after
         if lost and self._pending():  # its run failed, or its event was lost with a triggerer
             self.covered, self.fired_since_move, self.since = {}, 0, self.fired_at
-        base = {p: max(position.get(p, 0), self.covered.get(p, 0)) for p in stable}
-        waiting = waiting_records(stable, base)
+        waiting = self._waiting(stable)
         gone = behind(stable, position)
         if waiting == 0 and not gone:
             self.since = None
             return False
         if self.since is None:
             self.since = now
-        ahead = 1 if gone else AHEAD  # one run reports a recreated topic
-        if self.fired_since_move >= ahead and (gone or self._pending()) and not lost:
+        if self._held(gone) and not lost:
             return False  # the position has not moved since this topic's last firings
         return waiting >= self.rule.min_records or now - self.since >= self.rule.max_delay or gone
+
+    def _waiting(self, stable: Offsets) -> int:
+        """Records beyond both the position and what the firings cover."""
+        position = self.position or {}
+        base = {p: max(position.get(p, 0), self.covered.get(p, 0)) for p in stable}
+        return waiting_records(stable, base)
+
+    def _held(self, gone: bool) -> bool:
+        """This topic's firings wait for the position to move: `AHEAD` of them, or one for a
+        topic whose position is past Kafka's end (one run reports a recreated topic)."""
+        ahead = 1 if gone else AHEAD
+        return self.fired_since_move >= ahead and (gone or self._pending())

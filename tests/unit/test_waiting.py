@@ -68,23 +68,36 @@ def test_records_arriving_behind_a_firing_queue_one_run_behind_it_until_the_posi
     assert watch.due({0: 900}, 200.0)  # 360 records no firing covers
 
 
-def test_a_pending_run_is_looked_for_ever_less_often_but_at_once_after_a_commit_seen_here():
-    """A run queued behind hundreds takes minutes: its watch reads the group after max_delay,
-    then twice as long each time it had not moved, up to REREAD_CAP; a commit made in the same
-    process (`moved`) is read at the next poll; a move or a new firing starts over."""
+def test_a_pending_run_is_looked_for_only_when_its_commit_could_change_what_fires():
+    """A run queued behind hundreds takes minutes. While no record waits beyond what its firing
+    covers, a read could change nothing: its watch reads no group (until the run looks lost),
+    but at the next poll after a commit made in the same process (`moved`)."""
     watch = watching({0: 0})
     assert watch.due({0: 500}, 0.0)
+    for second in range(5, int(RULE.refire_after), 5):
+        assert not watch.needs_position({0: 500}, float(second))
+    assert watch.needs_position({0: 500}, 900.0, moved=True)  # a commit in this process
+
+
+def test_firings_held_by_a_still_position_look_for_it_ever_less_often():
+    """Two firings wait on the position (`AHEAD`) and records keep coming: only a move lets the
+    next one fire, so the watch reads the group after max_delay, then twice as long each time it
+    had not moved, up to REREAD_CAP; a move starts over."""
+    watch = watching({0: 0})
+    assert watch.due({0: 500}, 0.0)
+    assert watch.due({0: 700}, 0.0)  # 200 more: a run queued behind the first
     reads = []
     for second in range(5, 900, 5):  # the position still
-        if watch.needs_position({0: 500}, float(second)):
+        if watch.needs_position({0: 700 + second}, float(second)):
             reads.append(second)
             watch.saw_position({0: 0}, float(second))
+        assert not watch.due({0: 700 + second}, float(second))
     assert reads[:5] == [15, 45, 105, 225, 345]  # +15, +30, +60, +120, +120 (the cap)
     assert all(b - a == REREAD_CAP for a, b in pairwise(reads[3:]))
-    assert not watch.needs_position({0: 500}, 900.0)
-    assert watch.needs_position({0: 500}, 900.0, moved=True)  # a commit in this process
-    watch.saw_position({0: 500}, 900.0)  # it moved: read after max_delay again, once pending
+    assert watch.needs_position({0: 1600}, 900.0, moved=True)  # a commit in this process
+    watch.saw_position({0: 500}, 900.0)  # it moved: max_delay again, once held
     assert watch.reread_after == RULE.max_delay
+    assert watch.due({0: 1600}, 900.0)  # and the records beyond the firings fire
 
 
 def test_a_firing_counts_the_next_records_from_their_arrival_not_from_the_first_wait():
@@ -130,10 +143,19 @@ def test_a_run_that_never_commits_is_fired_again():
 def test_a_run_that_commits_exactly_up_to_kafkas_end_leaves_the_topic_idle():
     watch = watching({0: 0})
     assert watch.due({0: 500}, 0.0)
-    assert watch.needs_position({0: 500}, 15.0)
+    assert watch.needs_position({0: 500}, 15.0, moved=True)  # its commit, made here
     watch.saw_position({0: 500}, 15.0)
     assert not watch.needs_position({0: 500}, 100.0)
     assert not watch.due({0: 500}, 100.0)
+    # its commit made elsewhere: unseen, and nothing fires, until the run looks lost
+    unseen = watching({0: 0})
+    assert unseen.due({0: 500}, 0.0)
+    lost = RULE.refire_after
+    assert not any(unseen.due({0: 500}, float(second)) for second in range(5, int(lost), 5))
+    assert unseen.needs_position({0: 500}, lost)  # looked for before it fires again
+    unseen.saw_position({0: 500}, lost)
+    assert not unseen.due({0: 500}, lost)
+    assert not unseen.needs_position({0: 500}, lost + 100.0)
 
 
 def test_a_position_past_kafkas_end_fires_once_so_a_run_reports_the_recreated_topic():
