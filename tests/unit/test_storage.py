@@ -3,7 +3,10 @@ storage API does with a root it has no backend for."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 import uuid
 
 import pytest
@@ -68,3 +71,28 @@ def test_one_request_is_sent_from_the_callers_thread_many_together_in_order() ->
     answers = at_once(request, range(count))
     assert [item for item, _ in answers] == list(range(count))
     assert caller not in {thread for _, thread in answers}
+
+
+def test_requests_share_one_pool_per_process_and_a_forked_child_makes_its_own() -> None:
+    """Hundreds of verifies and commits at once in the triggerer start no threads of their
+    own; a child forked after the pool started (the parent's threads are not in it) still
+    gets its answers."""
+
+    def name(_: int) -> str:
+        time.sleep(0.01)
+        return threading.current_thread().name
+
+    first, again = set(at_once(name, range(40))), set(at_once(name, range(40)))
+    assert len(first | again) <= CONCURRENT_REQUESTS
+    assert all(thread.startswith("cairn-storage") for thread in first | again)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit code
+        os._exit(0 if at_once(lambda item: item * 2, range(20)) == list(range(0, 40, 2)) else 1)
+    deadline = time.monotonic() + 10
+    while (ended := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child's requests never ran: it used its parent's pool")
+    assert os.waitstatus_to_exitcode(ended[1]) == 0

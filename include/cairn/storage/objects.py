@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -34,19 +35,32 @@ publication): on S3 each takes a round trip, and a busy topic's run writes dozen
 
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
 
 
 def at_once(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list[_Result]:
-    """`request` on each item, `CONCURRENT_REQUESTS` at a time, results in the items' order.
+    """`request` on each item, at most `CONCURRENT_REQUESTS` at a time in this process, results
+    in the items' order.
 
-    One item is sent from the caller's thread: most runs commit one file, and starting a pool's
-    thread for it cost more than the request when hundreds of runs committed in the triggerer
-    (a 1,000-topic burst, benchmarks/fleet.py)."""
+    One item is sent from the caller's thread, more by one pool the whole process shares: a
+    pool of their own per call (a verify's sizes, a commit's moves) started threads that cost
+    more than the requests when hundreds of runs verified and committed in the triggerer at
+    once (a 1,000-topic burst, benchmarks/fleet.py). `request` must not call `at_once`."""
     items = list(items)
     if len(items) <= 1:
         return [request(item) for item in items]
-    with ThreadPoolExecutor(min(CONCURRENT_REQUESTS, len(items))) as pool:
-        return list(pool.map(request, items))
+    return list(_requests_pool().map(request, items))
+
+
+def _requests_pool() -> ThreadPoolExecutor:
+    """This process's pool (a forked child makes its own: the parent's threads are not in it)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            pool = ThreadPoolExecutor(CONCURRENT_REQUESTS, thread_name_prefix="cairn-storage")
+            _pool = (os.getpid(), pool)
+        return _pool[1]
 
 
 class Storage:
