@@ -73,6 +73,22 @@ def test_one_request_is_sent_from_the_callers_thread_many_together_in_order() ->
     assert caller not in {thread for _, thread in answers}
 
 
+def test_a_failed_request_raises_only_once_every_request_has_ended() -> None:
+    """A publication that fails is retried: none of its moves may still be going on then."""
+    ended = []
+
+    def request(item: int) -> int:
+        if item == 0:
+            raise ConnectionError("S3 hiccup")
+        time.sleep(0.2)
+        ended.append(item)
+        return item
+
+    with pytest.raises(ConnectionError, match="hiccup"):
+        at_once(request, range(4))
+    assert sorted(ended) == [1, 2, 3]
+
+
 def test_requests_share_one_pool_per_process_and_a_forked_child_makes_its_own() -> None:
     """Hundreds of verifies and commits at once in the triggerer start no threads of their
     own; a child forked after the pool started (the parent's threads are not in it) still

@@ -15,7 +15,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime
 from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit
@@ -46,11 +46,16 @@ def at_once(request: Callable[[_Item], _Result], items: Iterable[_Item]) -> list
     One item is sent from the caller's thread, more by one pool the whole process shares: a
     pool of their own per call (a verify's sizes, a commit's moves) started threads that cost
     more than the requests when hundreds of runs verified and committed in the triggerer at
-    once (a 1,000-topic burst, benchmarks/fleet.py). `request` must not call `at_once`."""
+    once (a 1,000-topic burst, benchmarks/fleet.py). `request` must not call `at_once`. Every
+    request has ended when this returns or raises (the first failure, in the items' order), so
+    no move of a failed publication goes on beside its retry."""
     items = list(items)
     if len(items) <= 1:
         return [request(item) for item in items]
-    return list(_requests_pool().map(request, items))
+    pool = _requests_pool()
+    sent = [pool.submit(request, item) for item in items]
+    wait(sent)
+    return [future.result() for future in sent]
 
 
 def _requests_pool() -> ThreadPoolExecutor:
