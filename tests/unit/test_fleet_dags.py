@@ -331,3 +331,26 @@ def test_a_dags_doc_shows_the_topics_effective_configuration_as_topics_yaml_read
     written = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert written == dag_topics.topic_yaml(cfg)
     assert TopicConfig.model_validate(yaml.safe_load(written)) == cfg
+
+
+def test_airflow_runs_nothing_for_a_success_callback_and_looks_for_no_dag():
+    """What `callback_dag_ids` relies on to build no DAG for success callbacks: Airflow returns
+    from one before it looks its DAG up, so an empty DAG bag is no error. A failure callback
+    does look its DAG up (and would fail to find it)."""
+
+    def request(state: TaskInstanceState) -> TaskCallbackRequest:
+        ti = {"dag_id": dag_id("archive", "orders"), "task_id": "commit", "run_id": "r"}
+        ti |= {"id": uuid.uuid4(), "try_number": 1, "map_index": -1, "dag_version_id": uuid.uuid4()}
+        return TaskCallbackRequest(
+            filepath="cairn_archive.py",
+            bundle_name="dags-folder",
+            bundle_version=None,
+            ti=ti,
+            task_callback_type=state,
+        )
+
+    empty = SimpleNamespace(dags={})
+    log = structlog.get_logger()
+    processor._execute_task_callbacks(empty, request(TaskInstanceState.SUCCESS), log)
+    with pytest.raises(ValueError, match=r"archive__orders.* not found in DagBag"):
+        processor._execute_task_callbacks(empty, request(TaskInstanceState.FAILED), log)
