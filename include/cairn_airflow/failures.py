@@ -48,10 +48,15 @@ def fail(cause: str) -> NoReturn:
     raise AirflowFailException(cause)
 
 
+def one_line(cause: str) -> str:
+    """`cause` as the one line the overview page shows."""
+    return " ".join(cause.split())
+
+
 def _keep(cause: str) -> None:
     """Store `cause`, on one line, as the running task's XCom; best effort (outside a task
     there is none)."""
     try:
-        get_current_context()["ti"].xcom_push(CAUSE_KEY, " ".join(cause.split()))
+        get_current_context()["ti"].xcom_push(CAUSE_KEY, one_line(cause))
     except Exception:  # the failure itself must still be raised as it is
         log.warning("the failure's cause was not kept for the overview page", exc_info=True)

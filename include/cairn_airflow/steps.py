@@ -108,8 +108,8 @@ def complete(cfg: TopicConfig, context: Context) -> dict:
 
 
 def check_health(cfg: TopicConfig, context: Context) -> list[str]:
-    """Fail, calling the notifier, if the topic is past max_time_lag or max_quarantine_ratio
-    (docs/operating.md, Alerts): on a worker, where the failure is handled."""
+    """Fail, calling the notifier, if the topic is past one of its limits (docs/operating.md,
+    Alerts): in the triggerer too, which ends the task as failed with the cause."""
     return notifier.check_health(cfg)
 
 

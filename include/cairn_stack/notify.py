@@ -1,7 +1,7 @@
 """The local stack's notifier: each alert as one JSON line in `<state_dir>/airflow/alerts.jsonl`.
 
-Airflow calls it (through `CAIRN_NOTIFIER`) when an archive task fails, a topic breaches
-`max_time_lag` or `max_quarantine_ratio`, or a run passes its deadline; production deployments
+Airflow calls it (through `CAIRN_NOTIFIER`) when an archive task fails, a topic breaches one
+of its limits (`check_health`), or a run passes its deadline; production deployments
 name their own notifier (Slack, PagerDuty, SMTP) instead. The tests read the file to prove the
 real Airflow called it.
 """

@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from cairn.config import TopicConfig
 from cairn.pipeline import run_record
 from cairn.views import metrics
-from cairn_airflow import dag_topics
+from cairn_airflow import dag_topics, failures
 from cairn_airflow import stats as airflow_stats
 from cairn_airflow.notifications import notifier
 from tests.unit.test_run_record import record
@@ -92,6 +92,54 @@ def test_the_notifier_is_the_configured_callable(monkeypatch, tmp_path) -> None:
         "(max_run_duration in topics.yaml)"
     )
     assert callback.__name__ == "record"
+
+
+class EndedTI:
+    """The task instance in a failure callback's context: one the triggerer ended as failed
+    (its cause in an XCom) or one whose cause is unknown."""
+
+    task_id, map_index = "check_health", -1
+
+    def __init__(self, cause: str | None) -> None:
+        self.cause, self.pulls = cause, []
+
+    def xcom_pull(self, task_ids, key, map_indexes):
+        self.pulls.append((task_ids, key, map_indexes))
+        return self.cause
+
+
+TOLD: list = []
+
+
+def tell(context) -> None:
+    """A configured notifier (`CAIRN_NOTIFIER`): remembers each context it is called with."""
+    TOLD.append(context)
+
+
+def test_the_notifier_is_told_the_cause_of_a_failure_the_triggerer_ended(monkeypatch):
+    TOLD.clear()
+    monkeypatch.setenv(notifier.NOTIFIER_ENV, f"{__name__}.tell")
+    (alert,) = notifier.notifier()
+    assert alert.__name__ == "tell"
+
+    # run by the DAG processor: no exception in the context, the cause in the task's XCom
+    ended = EndedTI("topic 'orders': time lag (seconds) is 90, over its limit 60")
+    alert({"ti": ended})
+    assert ended.pulls == [("check_health", failures.CAUSE_KEY, -1)]
+    assert TOLD[-1]["reason"] == ended.cause
+    assert isinstance(TOLD[-1]["exception"], AirflowFailException)
+    assert str(TOLD[-1]["exception"]) == ended.cause
+
+    # on a worker the exception is there, and a deadline or config alert gives its reason:
+    # passed on as they are, nothing pulled
+    on_worker = EndedTI("unused")
+    alert({"ti": on_worker, "exception": ValueError("boom")})
+    assert str(TOLD[-1]["exception"]) == "boom" and "reason" not in TOLD[-1]
+    alert({"ti": on_worker, "reason": "overdue"})
+    assert TOLD[-1]["reason"] == "overdue" and on_worker.pulls == []
+    unknown = EndedTI(None)  # nothing kept: the notifier still hears of the failure
+    alert({"ti": unknown})
+    assert unknown.pulls and "exception" not in TOLD[-1] and len(TOLD) == 4
 
 
 def test_a_breach_fails_the_check_naming_topic_value_and_limit(storage, monkeypatch) -> None:

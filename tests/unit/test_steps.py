@@ -1,7 +1,8 @@
 """An archive run's steps start in the triggerer (`cairn_airflow.triggers.step`): each gets its
 upstream tasks' results, its result travels in the event that ends its task (or it skips the
-task there), and anything that goes wrong there, or that only a worker can do (emit asset
-events), sends the task to a worker to run the step again."""
+task there), a failure it decided fails the task there, and anything else that goes wrong
+there, or that only a worker can do (emit asset events), sends the task to a worker to run the
+step again."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from types import SimpleNamespace
 import pytest
 from airflow.models.xcom import XComModel
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-from airflow.triggers.base import TaskSkippedEvent, TaskSuccessEvent
+from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent
 
 from cairn.errors import PermanentError
 from cairn.pipeline import seal
 from cairn_airflow import assets, step_result, steps
+from cairn_airflow.failures import CAUSE_KEY
 from cairn_airflow.operators.step import Step
 from cairn_airflow.triggers.step import StepTrigger
 
@@ -237,6 +239,21 @@ def test_a_step_that_fails_in_the_triggerer_goes_to_a_worker_which_runs_it_again
     step.inputs["report"] = {"fail": "fenced"}  # on a worker: failed for good
     with pytest.raises(AirflowFailException, match="PermanentError: fenced"):
         step.resume({"run_id": "manual__1"}, sent.payload)
+
+
+def test_a_breach_fails_check_health_in_the_triggerer_keeping_its_cause(calls, monkeypatch):
+    """A failure the step decided needs no worker to decide it again: the task ends failed,
+    its cause stored with it for the notifier (run by the DAG processor) and the overview."""
+
+    def breached(cfg):
+        raise AirflowFailException("topic 'orders': time lag is 90,\n over its limit 60")
+
+    monkeypatch.setattr(steps.notifier, "check_health", breached)
+
+    [failed] = events(StepTrigger("check_health", "orders", {}))
+
+    assert isinstance(failed, TaskFailedEvent)  # no `on_worker` resume
+    assert failed.xcoms == {CAUSE_KEY: "topic 'orders': time lag is 90, over its limit 60"}
 
 
 def test_a_plan_with_nothing_new_skips_its_task_from_the_triggerer_and_on_a_worker(

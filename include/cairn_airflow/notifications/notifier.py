@@ -23,6 +23,7 @@ from cairn.config import TopicConfig
 from cairn.pipeline import run_record
 from cairn.views import alerts
 from cairn_airflow.dag_topics import topics_loaded
+from cairn_airflow.failures import CAUSE_KEY
 from cairn_airflow.hooks.connections import storage
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,28 @@ callable taking the task context. Unset: failures only show in the UI."""
 def notifier() -> list[Callable[..., Any]]:
     """The configured notifier as Airflow failure callbacks (empty when none is configured)."""
     path = os.environ.get(NOTIFIER_ENV, "").strip()
-    return [import_string(path)] if path else []
+    return [Alert(import_string(path))] if path else []
+
+
+class Alert:
+    """A task's failure callback: the configured notifier, told why. A task the triggerer
+    ended as failed (`cairn_airflow.triggers.step`: *check_health*'s breach) has its callback
+    run by the DAG processor, whose context holds no exception: the cause comes from the XCom
+    the ending event stored, as the exception and as `reason`."""
+
+    def __init__(self, notify: Callable[..., Any]) -> None:
+        self.notify = notify
+        self.__name__ = getattr(notify, "__name__", type(notify).__name__)  # Airflow logs it
+
+    def __call__(self, context: Any) -> Any:
+        ti = context.get("ti")
+        told = context.get("exception") is not None or context.get("reason") is not None
+        if not told and ti is not None:
+            cause = ti.xcom_pull(task_ids=ti.task_id, key=CAUSE_KEY, map_indexes=ti.map_index)
+            if cause:
+                context["exception"] = AirflowFailException(cause)
+                context["reason"] = cause
+        return self.notify(context)
 
 
 def run_overdue(context: dict | None = None, topic: str = "?", limit: str = "") -> None:

@@ -5,11 +5,13 @@ A worker would fork a task process and parse the topic's DAG file for each of th
 few hundred milliseconds of plain Python and a few object-storage requests: under load the
 start, not the step, took most of a run's time. Here the step runs in a thread of the
 triggerer, with the task's context and the results of its upstream tasks; the trigger ends the
-task from here, as succeeded, its result in the ending event (`cairn_airflow.step_result`), or
-skipped (no worker takes it up). Whatever goes wrong here, and a step only a worker can finish
-(`NeedsWorker`), sends the task to a worker, which runs the step again (each is idempotent)
-with the usual failure handling: a permanent error fails it at once, anything else is
-retried.
+task from here, as succeeded, its result in the ending event (`cairn_airflow.step_result`),
+skipped, or failed on a failure the step decided (`AirflowFailException`: *check_health*'s
+breach), its cause kept as the task's `CAUSE_KEY` XCom for the notifier and the overview page;
+no worker takes any of these up. Whatever else goes wrong here, and a step only a worker can
+finish (`NeedsWorker`), sends the task to a worker, which runs the step again (each is
+idempotent) with the usual failure handling: a permanent error fails it at once, anything else
+is retried.
 
 A restarted triggerer starts the trigger again from the database, so the step runs again. The
 arguments name the step, the topic and the upstream tasks, no secret.
@@ -24,10 +26,10 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowSkipException
-from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TriggerEvent
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.triggers.base import BaseTrigger, TaskFailedEvent, TaskSkippedEvent, TriggerEvent
 
-from cairn_airflow.failures import NeedsWorker
+from cairn_airflow.failures import CAUSE_KEY, NeedsWorker, one_line
 from cairn_airflow.step_result import ended, pull, starting
 from cairn_airflow.triggers.loop_logger import LoopLogger
 
@@ -67,6 +69,12 @@ class StepTrigger(BaseTrigger):
         except AirflowSkipException as skipped:
             await log.info("topic %s: %s skipped: %s", self.topic, self.step, skipped)
             yield TaskSkippedEvent()
+            return
+        except AirflowFailException as failed:
+            # Airflow sends the failure callback (the notifier) to the DAG processor, which
+            # finds the cause in the XCom this event stores (`notifier.notifier`)
+            await log.warning("topic %s: %s failed: %s", self.topic, self.step, failed)
+            yield TaskFailedEvent(xcoms={CAUSE_KEY: one_line(str(failed))})
             return
         except Exception as err:
             said = log.info if isinstance(err, NeedsWorker) else log.warning  # planned, or not
