@@ -74,6 +74,7 @@ from cairn.protocol import commit
 from cairn.storage.layout import head_key
 from cairn.storage.objects import Storage
 from cairn.topics_file import load_topics
+from cairn_airflow.dag_parse import parse_again
 from cairn_stack import services
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.demo import create_topic, produce, sample_events
@@ -81,6 +82,8 @@ from cairn_stack.settings import StackSettings
 
 PREFIX = "cairn.fleet."
 SCHEMA = INCLUDE_DIR / "schemas" / "demo_event.avsc"
+DAGS = INCLUDE_DIR.parent / "dags"
+"""The DAG files the stack parses: the fleet's topics file changes are marked on them at once."""
 ARCHIVE_KINDS = ("backup", "partitioned", "quarantine")
 STATE_DIRS = ("_tokens", "_publishing", "_claims", "_attempts", "_manifests", "_status")
 AIRFLOW_LOGS = ("airflow-scheduler", "airflow-dag-processor", "airflow-api-server")
@@ -168,6 +171,7 @@ def add_topics(path: Path, settings: dict[str, dict[str, Any]]) -> bytes:
     if loaded.errors:
         path.write_bytes(original)
         raise SystemExit(f"the fleet's entries do not load: {loaded.errors[:3]}")
+    parse_again(DAGS, "the fleet's topics were added")  # as cairn_config_watch would, at once
     return original
 
 
@@ -537,6 +541,7 @@ def restore(
     archive, DAG metadata and Variables. Best effort, never raising (a failed cleanup must not
     hide the measurement); returns what could not be done."""
     path.write_bytes(original)
+    parse_again(DAGS, "the fleet's topics were removed")
     say(f"{path} restored; cleaning up")
     if keep:
         return []

@@ -3,7 +3,8 @@
 Its one task, `check` (`cairn_airflow.notifications.notifier.check_config`), fails while a
 topics file has a mistake, naming file, line, entry and field, and calls the configured
 notifier when the mistakes change. The Airflow UI shows the same mistakes as the import error
-of `cairn_config_check.py`.
+of `cairn_config_check.py`. When a topics file changed since the topic DAG files were last
+parsed, it first has the DAG processor parse them again (`cairn_airflow.dag_parse`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, get_current_context, task
 
+from cairn_airflow.dag_parse import parse_if_topics_changed
 from cairn_airflow.dag_topics import DISCOVERY_SCHEDULE
 from cairn_airflow.notifications.notifier import check_config
 
@@ -28,6 +30,8 @@ with DAG(
 
     @task(retries=0)
     def check() -> list[str]:
-        return check_config(get_current_context())
+        context = get_current_context()
+        parse_if_topics_changed(context)
+        return check_config(context)
 
     check()

@@ -9,7 +9,9 @@ Variable, so parsing a DAG file never calls Kafka.
 from __future__ import annotations
 
 import json
+import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,6 +29,9 @@ from cairn.topics_file import (
     find_topic,
     load_topics,
 )
+from cairn_airflow.dag_parse import parse_again
+
+log = logging.getLogger(__name__)
 
 TOPICS_VARIABLE = "cairn_kafka_topics"
 """Airflow Variable holding Kafka's topic names (JSON), refreshed by `cairn_discover_topics`."""
@@ -70,6 +75,23 @@ def pattern_topics(kafka_topic_names: list[str]) -> list[str]:
     written = topics_written()
     exact = {e.topic for e in written.topics if e.topic}
     return [c.topic for c in written.resolve(kafka_topic_names).topics if c.topic not in exact]
+
+
+def remember_topic_names(names: list[str], dag_folder: Path) -> None:
+    """Cache Kafka's topic `names` for the pattern entries (`cairn_discover_topics`); when the
+    topics they match changed, have the DAG processor parse the topic DAG files again."""
+    before = set(pattern_topics(json.loads(Variable.get(TOPICS_VARIABLE, default="[]"))))
+    Variable.set(TOPICS_VARIABLE, json.dumps(names))
+    matched = set(pattern_topics(names))
+    if new := sorted(matched - before):
+        log.info(
+            "new topics matching a pattern entry: %s (a topic matching a pattern waits up to %s "
+            "for discovery)",
+            ", ".join(new),
+            DISCOVERY_DELAY,
+        )
+    if matched != before:
+        parse_again(dag_folder, "the topics the pattern entries match changed")
 
 
 def configured_topics() -> list[TopicConfig]:

@@ -76,10 +76,11 @@ class StackSettings(BaseSettings):
     """Seconds Airflow's scheduler sleeps after a loop that found nothing to do (its default is
     1). Each task of a run waits up to that long to be scheduled after the one before it; at 0.2
     a one-record run commits about 1.6 s sooner, for ~5% more of one core while idle."""
-    dag_file_interval: PositiveInt = 300
+    dag_file_interval: PositiveInt = 1800
     """Seconds between the DAG processor's parses of the DAG files (Airflow's
-    `min_file_process_interval`, 30 by default): a changed topics file shows within this many,
-    and each parse builds every topic's DAGs, which is most of what idle topics cost."""
+    `min_file_process_interval`, 30 by default). Each parse builds every topic's DAGs, which is
+    most of what idle topics cost; a changed topics file is parsed sooner, within five minutes
+    (`cairn_airflow.dag_parse`)."""
     shared_job_gather_seconds: PositiveFloat = 2.0
     """How long a shared archive job waits, after its first run arrives, for others to share it
     (`cairn_airflow.triggers.shared_archive`; Airflow's `[cairn] shared_job_gather_seconds`)."""

@@ -681,7 +681,7 @@ def test_the_dag_processor_and_the_shared_jobs_use_the_stacks_settings(services)
         assert interval == ref("CAIRN_DAG_FILE_INTERVAL"), name
         gather = found["AIRFLOW__CAIRN__SHARED_JOB_GATHER_SECONDS"]
         assert gather == ref("CAIRN_SHARED_JOB_GATHER_SECONDS"), name
-    assert DEFAULTS["dag_file_interval"] == 300 and DEFAULTS["shared_job_gather_seconds"] == 2.0
+    assert DEFAULTS["dag_file_interval"] == 1800 and DEFAULTS["shared_job_gather_seconds"] == 2.0
 
 
 def test_the_triggerer_holds_a_thousand_watched_topics_and_their_runs(services):
