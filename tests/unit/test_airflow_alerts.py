@@ -105,6 +105,8 @@ class EndedTI:
 
     def xcom_pull(self, task_ids, key, map_indexes):
         self.pulls.append((task_ids, key, map_indexes))
+        if isinstance(self.cause, Exception):
+            raise self.cause
         return self.cause
 
 
@@ -137,9 +139,11 @@ def test_the_notifier_is_told_the_cause_of_a_failure_the_triggerer_ended(monkeyp
     assert str(TOLD[-1]["exception"]) == "boom" and "reason" not in TOLD[-1]
     alert({"ti": on_worker, "reason": "overdue"})
     assert TOLD[-1]["reason"] == "overdue" and on_worker.pulls == []
-    unknown = EndedTI(None)  # nothing kept: the notifier still hears of the failure
-    alert({"ti": unknown})
-    assert unknown.pulls and "exception" not in TOLD[-1] and len(TOLD) == 4
+    # nothing kept, or the XCom unreadable: the notifier still hears of the failure
+    for unknown in (EndedTI(None), EndedTI(ConnectionError("supervisor gone"))):
+        alert({"ti": unknown})
+        assert unknown.pulls and "exception" not in TOLD[-1]
+    assert len(TOLD) == 5
 
 
 def test_a_breach_fails_the_check_naming_topic_value_and_limit(storage, monkeypatch) -> None:

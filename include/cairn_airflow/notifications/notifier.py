@@ -56,7 +56,11 @@ class Alert:
         ti = context.get("ti")
         told = context.get("exception") is not None or context.get("reason") is not None
         if not told and ti is not None:
-            cause = ti.xcom_pull(task_ids=ti.task_id, key=CAUSE_KEY, map_indexes=ti.map_index)
+            try:
+                cause = ti.xcom_pull(task_ids=ti.task_id, key=CAUSE_KEY, map_indexes=ti.map_index)
+            except Exception:  # the alert goes out without its cause rather than not at all
+                log.warning("the failure's cause could not be read for the alert", exc_info=True)
+                cause = None
             if cause:
                 context["exception"] = AirflowFailException(cause)
                 context["reason"] = cause
