@@ -212,7 +212,8 @@ def latest_runs(dag_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 def last_failure(dag_id: str) -> str | None:
     """Why the DAG's newest finished run failed, if it failed on an error a retry cannot heal
-    (the cause `cairn_airflow.failures.fail_fast` kept); None once a later run succeeded."""
+    or a breach (the cause `cairn_airflow.failures.fail_fast`, or the triggerer ending a failed
+    *check_health*, kept); None once a later run succeeded."""
     finished = DagRun.state.in_((DagRunState.SUCCESS, DagRunState.FAILED))
     newest = select(DagRun.id, DagRun.state).where(DagRun.dag_id == dag_id, finished)
     with create_session() as session:

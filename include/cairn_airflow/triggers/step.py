@@ -72,7 +72,7 @@ class StepTrigger(BaseTrigger):
             return
         except AirflowFailException as failed:
             # Airflow sends the failure callback (the notifier) to the DAG processor, which
-            # finds the cause in the XCom this event stores (`notifier.notifier`)
+            # finds the cause in the XCom this event stores (`notifier.Alert`)
             await log.warning("topic %s: %s failed: %s", self.topic, self.step, failed)
             yield TaskFailedEvent(xcoms={CAUSE_KEY: one_line(str(failed))})
             return
