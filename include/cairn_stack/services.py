@@ -29,6 +29,9 @@ from cairn_stack import certs, cluster
 from cairn_stack.process import Service, StackError, port_open
 from cairn_stack.settings import REPO, StackSettings
 
+DAG_FILE_PROCESSOR_TIMEOUT = 600
+"""Seconds a parse of a DAG file may take before the DAG processor kills it (Airflow: 50)."""
+
 LOG4J2 = """\
 status = warn
 appender.out.type = Console
@@ -360,6 +363,9 @@ def airflow_env(settings: StackSettings) -> dict[str, str]:
         "AIRFLOW__CAIRN__SHARED_JOB_GATHER_SECONDS": str(settings.shared_job_gather_seconds),
         "AIRFLOW__TRIGGERER__CAPACITY": str(settings.triggerer_capacity),
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(settings.dag_file_interval),
+        # a parse of 1,000 topics' DAGs took over Airflow's 50 s under a burst's load, and a
+        # killed parse marks every DAG of its file stale, mid-run
+        "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": str(DAG_FILE_PROCESSOR_TIMEOUT),
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": settings.host,
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(settings.airflow_health_port),
     }

@@ -52,3 +52,10 @@ def test_a_changed_topics_file_is_parsed_at_once_not_at_the_interval(airflow) ->
         first,
         second,
     )
+
+
+def test_the_dag_processor_runs_with_its_callback_parse_times_kept(airflow) -> None:
+    """`cairn_airflow.dag_processor_fix` is installed in the real DAG processor as Cairn's
+    plugin loads there (its effect on Airflow's own class: tests/unit/test_dag_processor_fix.py)."""
+    log = airflow.settings.state_dir / "logs" / "airflow-dag-processor.log"
+    assert "a callback-only run keeps its file's last parse time" in log.read_text()

@@ -22,6 +22,7 @@ from cairn.table.catalog import Catalog, connection_extra
 from cairn_stack import cluster
 from cairn_stack.cluster import celery_env, spark_master_url, worker_name
 from cairn_stack.services import (
+    DAG_FILE_PROCESSOR_TIMEOUT,
     PYTHON_DAEMON,
     SERVER_JVM,
     SESSION_TIMEOUT,
@@ -674,13 +675,17 @@ def test_the_scheduler_sleeps_the_stacks_idle_sleep(services):
     assert DEFAULTS["scheduler_idle_sleep"] == 0.2
 
 
-def test_the_dag_processor_and_the_shared_jobs_use_the_stacks_settings(services):
+def test_the_dag_processor_and_the_shared_jobs_use_the_stacks_settings(services, tmp_path):
+    local = airflow_env(cluster_settings("spark-master").model_copy(update={"state_dir": tmp_path}))
+    assert local["AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT"] == "600"
     for name in AIRFLOW_SERVICES:
         found = env(services[name])
         interval = found["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"]
         assert interval == ref("CAIRN_DAG_FILE_INTERVAL"), name
         gather = found["AIRFLOW__CAIRN__SHARED_JOB_GATHER_SECONDS"]
         assert gather == ref("CAIRN_SHARED_JOB_GATHER_SECONDS"), name
+        timeout = found["AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT"]
+        assert timeout == str(DAG_FILE_PROCESSOR_TIMEOUT) == "600", name
     assert DEFAULTS["dag_file_interval"] == 1800 and DEFAULTS["shared_job_gather_seconds"] == 2.0
 
 
