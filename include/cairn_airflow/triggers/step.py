@@ -7,8 +7,9 @@ start, not the step, took most of a run's time. Here the step runs in a thread o
 triggerer, with the task's context and the results of its upstream tasks; the trigger ends the
 task from here, as succeeded, its result in the ending event (`cairn_airflow.step_result`),
 skipped, or failed on a failure the step decided (`AirflowFailException`: *check_health*'s
-breach), its cause kept as the task's `CAUSE_KEY` XCom for the notifier and the overview page;
-no worker takes any of these up. Whatever else goes wrong here, and a step only a worker can
+breach, a task without retries; Airflow would retry one with retries left), its cause kept as
+the task's `CAUSE_KEY` XCom for the notifier and the overview page; no worker takes any of
+these up. Whatever else goes wrong here, and a step only a worker can
 finish (`NeedsWorker`), sends the task to a worker, which runs the step again (each is
 idempotent) with the usual failure handling: a permanent error fails it at once, anything else
 is retried.
