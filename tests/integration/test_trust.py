@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cairn.cli import main as cli
@@ -37,7 +38,9 @@ NOON = datetime(2024, 5, 1, 12, tzinfo=UTC)
 
 
 def transactional(kafka: str, topic: str, batches: list[tuple[list[bytes], bool]]) -> None:
-    """Produce each batch in its own transaction, committing or aborting it."""
+    """Produce each batch in its own transaction, committing or aborting it; return once Kafka
+    wrote their markers (after `commit_transaction` returns), so the last stable offset, where
+    an archive run stops, is past the last batch."""
     producer = Producer({"bootstrap.servers": kafka, "transactional.id": uuid.uuid4().hex})
     producer.init_transactions(30)
     for values, committed in batches:
@@ -49,6 +52,22 @@ def transactional(kafka: str, topic: str, batches: list[tuple[list[bytes], bool]
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
+    ends = {
+        level: Consumer({"bootstrap.servers": kafka, "group.id": "ends", "isolation.level": level})
+        for level in ("read_committed", "read_uncommitted")
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        stable, end = (
+            ends[level].get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
+            for level in ("read_committed", "read_uncommitted")
+        )
+        if stable == end:
+            break
+        assert time.monotonic() < deadline, f"{topic}: last stable offset {stable} < end {end}"
+        time.sleep(0.2)
+    for consumer in ends.values():
+        consumer.close()
 
 
 def test_records_of_aborted_transactions_are_never_archived(
