@@ -236,6 +236,20 @@ def test_parsing_a_dag_file_leaves_the_pipeline_unimported(path):
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
+def task_callback(topic: str, state: TaskInstanceState) -> TaskCallbackRequest:
+    """The request Airflow sends the DAG processor for a task of `topic`'s archive DAG that
+    ended in `state`."""
+    ti = {"dag_id": dag_id("archive", topic), "task_id": "commit", "run_id": "r"}
+    ti |= {"id": uuid.uuid4(), "try_number": 1, "map_index": -1, "dag_version_id": uuid.uuid4()}
+    return TaskCallbackRequest(
+        filepath="cairn_archive.py",
+        bundle_name="dags-folder",
+        bundle_version=None,
+        ti=ti,
+        task_callback_type=state,
+    )
+
+
 def test_a_callback_parse_builds_only_the_dags_with_callbacks(monkeypatch):
     """Airflow's DAG processor parses the file again for each batch of callbacks, one sent for
     every task a trigger ends as succeeded: such a parse builds only their DAGs, a full parse
@@ -278,17 +292,6 @@ def test_a_callback_parse_builds_only_the_dags_with_callbacks(monkeypatch):
 
     # a task's success callback (one for every step the triggerer ends) needs no DAG: Airflow
     # ignores it before looking for one; a failure's or a retry's needs its DAG
-    def task_callback(topic: str, state: TaskInstanceState) -> TaskCallbackRequest:
-        ti = {"dag_id": dag_id("archive", topic), "task_id": "commit", "run_id": "r"}
-        ti |= {"id": uuid.uuid4(), "try_number": 1, "map_index": -1, "dag_version_id": uuid.uuid4()}
-        return TaskCallbackRequest(
-            filepath="cairn_archive.py",
-            bundle_name="dags-folder",
-            bundle_version=None,
-            ti=ti,
-            task_callback_type=state,
-        )
-
     successes = [task_callback(f"fleet.t{i:03d}", TaskInstanceState.SUCCESS) for i in (1, 2)]
     failure = task_callback("fleet.t009", TaskInstanceState.FAILED)
     retry = task_callback("fleet.t011", TaskInstanceState.UP_FOR_RETRY)
@@ -337,20 +340,10 @@ def test_airflow_runs_nothing_for_a_success_callback_and_looks_for_no_dag():
     """What `callback_dag_ids` relies on to build no DAG for success callbacks: Airflow returns
     from one before it looks its DAG up, so an empty DAG bag is no error. A failure callback
     does look its DAG up (and would fail to find it)."""
-
-    def request(state: TaskInstanceState) -> TaskCallbackRequest:
-        ti = {"dag_id": dag_id("archive", "orders"), "task_id": "commit", "run_id": "r"}
-        ti |= {"id": uuid.uuid4(), "try_number": 1, "map_index": -1, "dag_version_id": uuid.uuid4()}
-        return TaskCallbackRequest(
-            filepath="cairn_archive.py",
-            bundle_name="dags-folder",
-            bundle_version=None,
-            ti=ti,
-            task_callback_type=state,
-        )
-
     empty = SimpleNamespace(dags={})
     log = structlog.get_logger()
-    processor._execute_task_callbacks(empty, request(TaskInstanceState.SUCCESS), log)
+    success = task_callback("orders", TaskInstanceState.SUCCESS)
+    processor._execute_task_callbacks(empty, success, log)
+    failure = task_callback("orders", TaskInstanceState.FAILED)
     with pytest.raises(ValueError, match=r"archive__orders.* not found in DagBag"):
-        processor._execute_task_callbacks(empty, request(TaskInstanceState.FAILED), log)
+        processor._execute_task_callbacks(empty, failure, log)
