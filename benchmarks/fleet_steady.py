@@ -241,6 +241,37 @@ def measure(args: argparse.Namespace, settings: StackSettings, api: AirflowAPI) 
         result["cleanup_notes"] = restore(path, original, api, settings, names, cfgs, args.keep)
 
 
+def run_timeline(tis: list[dict], topics: set[str]) -> dict[str, dict[str, float | None]]:
+    """Where the archive runs of `topics` spend their time: per task, the median seconds from
+    the run's first task being scheduled to the task's start and to its end (a gap between one
+    task's end and the next one's start is Airflow handing the run on)."""
+    runs: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)
+    for ti in tis:
+        dag = ti["dag_id"]
+        if dag.startswith("archive__") and dag.removeprefix("archive__") in topics:
+            runs[(dag, ti["dag_run_id"])].append(ti)
+    offsets: defaultdict[str, dict[str, list[float]]] = defaultdict(
+        lambda: {"start": [], "end": []}
+    )
+    for each in runs.values():
+        begun = [_at(t["scheduled_when"] or t["start_date"]) for t in each if t["start_date"]]
+        if not begun:
+            continue
+        first = min(begun)
+        for t in each:
+            for key, field_name in (("start", "start_date"), ("end", "end_date")):
+                if t[field_name]:
+                    offsets[t["task_id"]][key].append(_at(t[field_name]) - first)
+    return {
+        task: {key: pct(values, 0.5) for key, values in found.items()}
+        for task, found in sorted(offsets.items(), key=lambda kv: pct(kv[1]["start"], 0.5) or 0)
+    }
+
+
+def _at(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
 def steady(
     args: argparse.Namespace,
     settings: StackSettings,
@@ -298,6 +329,11 @@ def steady(
         "s3_requests": requests,
     }
     return {
+        "run_timeline": {
+            g.name: run_timeline(tis, {t for t in names if groups[t] is g})
+            for g in GROUPS
+            if g.max_delay is not None  # the busy and warm groups, whose freshness has goals
+        },
         "task_instances_by_dag_kind": dict(Counter(ti["dag_id"].split("__")[0] for ti in tis)),
         "archive_task_instances_by_task": dict(
             Counter(ti["task_id"] for ti in tis if ti["dag_id"].startswith("archive__"))
@@ -339,6 +375,13 @@ def show(r: dict) -> None:
     print(f"  records: {r['records']}; parse of the fleet's DAGs: {r['parse_seconds']} s")
     print(f"  task instances by DAG kind: {r['task_instances_by_dag_kind']}")
     print(f"  archive task instances by task: {r['archive_task_instances_by_task']}")
+    for name, tasks in r["run_timeline"].items():
+        steps = ", ".join(
+            f"{task} {t['start']:.1f}→{t['end']:.1f}"
+            for task, t in tasks.items()
+            if t["start"] is not None and t["end"] is not None
+        )
+        print(f"  {name} run, median s after it was scheduled: {steps}")
     for key, total in r["totals"].items():
         print(
             f"  {key:<26} {total:>8}  {r['per_hour'][key]:>9} /h  "
