@@ -61,6 +61,7 @@ from fleet import (
 from requests_per_run import s3_requests
 
 from cairn.config import TopicConfig
+from cairn.dag_ids import dag_id
 from cairn.protocol import tokens
 from cairn_stack.airflow_api import AirflowAPI
 from cairn_stack.demo import create_topic, sample_events
@@ -245,11 +246,11 @@ def run_timeline(tis: list[dict], topics: set[str]) -> dict[str, dict[str, float
     """Where the archive runs of `topics` spend their time: per task, the median seconds from
     the run's first task being scheduled to the task's start and to its end (a gap between one
     task's end and the next one's start is Airflow handing the run on)."""
+    archive_dags = {dag_id("archive", t) for t in topics}
     runs: defaultdict[tuple[str, str], list[dict]] = defaultdict(list)
     for ti in tis:
-        dag = ti["dag_id"]
-        if dag.startswith("archive__") and dag.removeprefix("archive__") in topics:
-            runs[(dag, ti["dag_run_id"])].append(ti)
+        if ti["dag_id"] in archive_dags:
+            runs[(ti["dag_id"], ti["dag_run_id"])].append(ti)
     offsets: defaultdict[str, dict[str, list[float]]] = defaultdict(
         lambda: {"start": [], "end": []}
     )
