@@ -57,17 +57,21 @@ def transactional(kafka: str, topic: str, batches: list[tuple[list[bytes], bool]
         for level in ("read_committed", "read_uncommitted")
     }
     deadline = time.monotonic() + 30
-    while True:
-        stable, end = (
-            ends[level].get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
-            for level in ("read_committed", "read_uncommitted")
-        )
-        if stable == end:
-            break
-        assert time.monotonic() < deadline, f"{topic}: last stable offset {stable} < end {end}"
-        time.sleep(0.2)
-    for consumer in ends.values():
-        consumer.close()
+    try:
+        while True:
+            stable, end = (
+                ends[level].get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout=10, cached=False
+                )[1]
+                for level in ("read_committed", "read_uncommitted")
+            )
+            if stable == end:
+                break
+            assert time.monotonic() < deadline, f"{topic}: last stable offset {stable} < end {end}"
+            time.sleep(0.2)
+    finally:
+        for consumer in ends.values():
+            consumer.close()
 
 
 def test_records_of_aborted_transactions_are_never_archived(
