@@ -4,7 +4,7 @@
 # Cairn: each job ships its code as an artifact (docs/operating.md, Running on your cluster), and
 # spark_jobs.executors checks this Python when a job starts.
 # Build context: the repository root (see docker-compose.yml); spark.Dockerfile.dockerignore
-# sends only the two files below.
+# sends only the three files below.
 
 # Spark's Kafka and Iceberg connector jars, fetched from Maven Central as `make jars` does.
 FROM maven:3.9-eclipse-temurin-17 AS jars
@@ -26,8 +26,9 @@ COPY requirements-cluster.txt /tmp/requirements-cluster.txt
 RUN pip install --no-cache-dir pyspark==4.0.0 -r /tmp/requirements-cluster.txt \
     && rm /tmp/requirements-cluster.txt
 
-# The Spark Connect server's --jars (docker-compose.yml).
+# The Spark Connect server's --jars, and its job scheduling (docker-compose.yml).
 COPY --from=jars /build/spark /opt/spark-connectors
+COPY jars/spark/fairscheduler.xml /opt/spark-conf/fairscheduler.xml
 
 RUN useradd --create-home --uid 50000 spark
 USER spark

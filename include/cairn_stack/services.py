@@ -594,6 +594,12 @@ SERVER_JVM = {
 """The long-lived server's JVMs: the throughput collector and room to collect less often, as
 the archive's JVM work allocates gigabytes a second of short-lived objects (on `local`
 masters its tasks run in the driver; on a cluster, in the executors)."""
+FAIR_SCHEDULER_FILE = REPO / "jars" / "spark" / "fairscheduler.xml"
+"""Where the server's default pool is made FAIR; outside the code folders, so a server on the
+cluster, which cannot see them (`cluster.hidden`), reads it too. The Spark image has a copy."""
+SCHEDULER = {"spark.scheduler.mode": "FAIR"}
+"""Jobs share the server's task slots instead of queueing first in, first out: an archive run's
+short job starts beside a long seal job, not after it (`FAIR_SCHEDULER_FILE` says why)."""
 PYTHON_DAEMON = {"spark.python.daemon.module": "cairn_stack.pyspark_daemon"}
 """The server's Python worker daemon: PySpark's, without re-reading the unchanged zip archives on
 the workers' path as each task starts (`cairn_stack.pyspark_daemon`)."""
@@ -626,6 +632,8 @@ def spark_connect(settings: StackSettings) -> Service:
         "spark.ui.showConsoleProgress": "false",
         "spark.connect.session.manager.defaultSessionTimeout": SESSION_TIMEOUT,
         **SERVER_JVM,
+        **SCHEDULER,
+        "spark.scheduler.allocation.file": str(FAIR_SCHEDULER_FILE),
     }
     python, prefix = sys.executable, []
     if settings.cluster:

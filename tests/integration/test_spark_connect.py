@@ -8,6 +8,7 @@ environment."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import uuid
@@ -132,6 +133,55 @@ def test_killing_a_run_interrupts_its_work_and_no_other_runs(
     assert isinstance(outcome["killed"], Exception), outcome["killed"]
     assert "OPERATION_CANCELED" in str(outcome["killed"]) or "cancel" in str(outcome["killed"])
     assert outcome["other"] == 1
+
+
+def test_a_short_job_starts_beside_a_long_one_not_after_it(
+    spark_connect, tmp_path, connect_mode_kept
+) -> None:
+    """The server schedules jobs FAIR (`services.SCHEDULER`): an archive run's job submitted
+    while a long seal job still has tasks to start gets the next free task slot. First in,
+    first out, it would start only once every task of the long job had started."""
+
+    def started_and_slept(name: str, seconds: float):
+        def run(batches):
+            import time
+
+            (tmp_path / f"{name}-{uuid.uuid4().hex}").write_text(repr(time.time()))
+            time.sleep(seconds)
+            yield from batches
+
+        return run
+
+    def starts(prefix: str) -> list[float]:
+        return [float(p.read_text()) for p in tmp_path.glob(f"{prefix}-*")]
+
+    with connect_session(spark_connect, code_artifact()) as probe:
+        master = probe.session.conf.get("spark.master")
+    slots = re.fullmatch(r"local\[(\d+)\]", master or "")
+    assert slots, f"the test server's master is {master!r}, not local[N]"
+    waves = 6
+    tasks = waves * int(slots.group(1))
+
+    def long_job() -> None:
+        with connect_session(spark_connect, code_artifact()) as connected:
+            query = connected.session.range(0, tasks, 1, tasks)
+            assert query.mapInArrow(started_and_slept("long", 1.0), "id long").count() == tasks
+
+    long = threading.Thread(target=long_job)
+    long.start()
+    deadline = time.monotonic() + 60
+    while not starts("long"):
+        assert time.monotonic() < deadline, "the long job's tasks did not start"
+        time.sleep(0.1)
+    with connect_session(spark_connect, code_artifact()) as connected:
+        short = connected.session.range(0, 1, 1, 1)
+        assert short.mapInArrow(started_and_slept("short", 0), "id long").count() == 1
+    long.join(120)
+
+    assert not long.is_alive() and len(starts("long")) == tasks
+    (short_start,) = starts("short")
+    later = [t for t in starts("long") if t > short_start]
+    assert later, "the short job's task started only after every task of the long one"
 
 
 def test_when_the_shared_session_is_closed_a_run_has_its_own_and_stops_its_workers(

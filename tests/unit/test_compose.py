@@ -23,7 +23,9 @@ from cairn_stack import cluster
 from cairn_stack.cluster import celery_env, spark_master_url, worker_name
 from cairn_stack.services import (
     DAG_FILE_PROCESSOR_TIMEOUT,
+    FAIR_SCHEDULER_FILE,
     PYTHON_DAEMON,
+    SCHEDULER,
     SERVER_JVM,
     SESSION_TIMEOUT,
     airflow_env,
@@ -500,7 +502,8 @@ def test_spark_daemons_run_the_spark_image_with_nothing_of_cairn(services):
 def test_spark_image_has_the_airflow_images_python_pyspark_and_the_cluster_requirements():
     """The executors' Python: requirements-cluster.txt and the pinned pyspark, on the Python
     version of the Airflow image (cloudpickled functions cross), Java 17, the connector jars
-    fetched as the Airflow image fetches them, and nothing else from the checkout."""
+    fetched as the Airflow image fetches them, and nothing else from the checkout but the
+    Connect server's scheduling file."""
     airflow_stages, spark_stages = (
         dockerfile_stages(DOCKERFILE),
         dockerfile_stages(SPARK_DOCKERFILE),
@@ -519,7 +522,8 @@ def test_spark_image_has_the_airflow_images_python_pyspark_and_the_cluster_requi
     (requirements,) = [
         dest for src, dest in checkout_copies(final) if src == "requirements-cluster.txt"
     ]
-    assert len(checkout_copies(final)) == 1  # nothing else from the checkout
+    scheduling = str(FAIR_SCHEDULER_FILE.relative_to(REPO))
+    assert {src for src, _ in checkout_copies(final)} == {"requirements-cluster.txt", scheduling}
     (pip,) = [args for word, args in final if word == "RUN" and "pip install" in args]
     installed = pip.split("pip install", 1)[1].split("&&")[0].split()
     pinned = re.search(r"^pyspark==(\S+)$", (REPO / "requirements.txt").read_text(), re.M)
@@ -544,7 +548,7 @@ def test_spark_connect_server_runs_on_the_cluster_as_the_local_stacks(services, 
     """The compose server has the local cluster-shaped server's settings (`services.
     spark_connect` with `cluster`), bar the local one's binding to its loopback host: the Kafka
     connector, the session timeout, the JVMs, its share of the cluster (`spark.cores.max`), no
-    worker daemon of Cairn's."""
+    worker daemon of Cairn's, FAIR scheduling with the repository's pool file (the image's copy)."""
     monkeypatch.setattr(cluster, "hidden", lambda settings: [])  # (a mount namespace probe)
     host = "stack-host.invalid"
     local = spark_connect(cluster_settings(host))
@@ -554,6 +558,14 @@ def test_spark_connect_server_runs_on_the_cluster_as_the_local_stacks(services, 
     argv = command(server)
     have = conf(argv)
     bound = {k for k, v in local_conf.items() if host in v}
+    pool_file = "spark.scheduler.allocation.file"  # a path on each machine: compared below
+    assert local_conf.pop(pool_file) == str(FAIR_SCHEDULER_FILE)
+    (image_copy,) = [
+        dest
+        for src, dest in checkout_copies(dockerfile_stages(SPARK_DOCKERFILE)[-1])
+        if src == str(FAIR_SCHEDULER_FILE.relative_to(REPO))
+    ]
+    assert have.pop(pool_file) == image_copy
     assert bound == {
         "spark.connect.grpc.binding.address",
         "spark.driver.host",
@@ -567,6 +579,7 @@ def test_spark_connect_server_runs_on_the_cluster_as_the_local_stacks(services, 
     assert have["spark.connect.grpc.binding.port"] == str(DEFAULTS["spark_connect_port"])
     assert have["spark.connect.session.manager.defaultSessionTimeout"] == SESSION_TIMEOUT
     assert have.items() >= SERVER_JVM.items() and not have.keys() & PYTHON_DAEMON.keys()
+    assert have.items() >= SCHEDULER.items()
     for option in ("--class", "--name"):
         found = re.search(rf"{option} \S+", local_argv).group(0)
         assert found in argv, option
