@@ -3,6 +3,9 @@ fresh prefix of the stack's bucket."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 
 import pytest
@@ -26,3 +29,53 @@ class TestS3Bucket(StoragePromises):
 
         assert storage.list("t") == ["t/metadata/v1.json"]
         assert list(storage.modified("t")) == ["t/metadata/v1.json"]
+
+
+def test_storages_of_one_process_share_a_client_and_still_see_every_change(
+    s3, stack_settings
+) -> None:
+    """A client per storage cost the triggerer's one I/O thread S3's service model each time
+    (`s3_bucket._filesystem`): storages with the same options share one. Sharing must not make
+    them see the bucket as it was: a change another writer (another client) made is seen at
+    once, in listings, reads and existence checks."""
+    root = f"s3://{stack_settings.bucket}/shared-{uuid.uuid4().hex[:8]}"
+    one, two = Storage(root, **s3), Storage(root, **s3)
+    other = Storage(root, **s3, config_kwargs={"connect_timeout": 7})  # a client of its own
+    assert one.backend.fs is two.backend.fs
+    assert other.backend.fs is not one.backend.fs
+
+    assert one.list("d") == []
+    other.write("d/a.json", b"1")
+    assert one.list("d") == ["d/a.json"] and one.read("d/a.json") == b"1"
+    other.write("d/a.json", b"2")
+    assert two.read("d/a.json") == b"2"
+    other.delete("d/a.json")
+    assert one.list("d") == [] and not two.exists("d/a.json")
+
+
+def test_a_forked_child_makes_its_own_client(s3, stack_settings) -> None:
+    """fsspec's I/O loop does not survive a fork: a child (a forked task process, a Spark
+    worker) that took its parent's client would fail ("not fork-safe") or never be answered."""
+    root = f"s3://{stack_settings.bucket}/forked-{uuid.uuid4().hex[:8]}"
+    parent = Storage(root, **s3)
+    parent.write("p.json", b"parent")
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit code, whatever happens
+        code = 1
+        try:
+            storage = Storage(root, **s3)
+            ok = storage.backend.fs is not parent.backend.fs
+            if ok and storage.read("p.json") == b"parent":
+                storage.write("c.json", b"child")
+                code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while (ended := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child's requests never ended")
+    assert os.waitstatus_to_exitcode(ended[1]) == 0
+    assert parent.read("c.json") == b"child"

@@ -7,10 +7,14 @@ key exists. The listings that must not grow with a folder's history are single S
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
+from fsspec import AbstractFileSystem
 
 from cairn.storage.backend import ObjectExists
 from cairn.storage.fsspec_store import FsspecStore
@@ -21,9 +25,7 @@ class S3Bucket(FsspecStore):
         parts = urlsplit(url)
         if not parts.netloc:
             raise ValueError(f"archive root {url!r}: no bucket")
-        # No listing cache, no shared instance: another process (a Spark task, a racing run)
-        # may have changed the bucket since, and every decision here must see it as it is.
-        fs = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False, **options)
+        fs = _filesystem(os.getpid(), json.dumps(options, sort_keys=True))
         super().__init__(fs, (parts.netloc + parts.path).rstrip("/"))
         self.bucket, _, key_root = self.root.partition("/")
         self.key_root = f"{key_root}/" if key_root else ""
@@ -73,6 +75,32 @@ class S3Bucket(FsspecStore):
             if not reply.get("IsTruncated"):
                 return pages
             kwargs["ContinuationToken"] = reply["NextContinuationToken"]
+
+
+FILESYSTEMS = 32
+"""s3fs instances kept per process (one per set of options: a connection's, as credentials
+rotate); one evicted closes its connections once no storage uses it."""
+CONNECTIONS = 64
+"""Connections an instance's client keeps to S3: every step and run of a process shares it
+(botocore's default, 10, would queue a triggerer's steps behind each other)."""
+
+
+@functools.lru_cache(maxsize=FILESYSTEMS)
+def _filesystem(pid: int, options: str) -> AbstractFileSystem:
+    """The process's s3fs instance for `options` (JSON). Each instance makes an S3 client of its
+    own, for which botocore loads and decodes S3's service model and endpoint rules again: tens
+    of milliseconds, on fsspec's one I/O thread, ahead of every request queued there. In the
+    triggerer, where many runs' steps share that thread, a client per step kept it busy most of
+    the time and an S3 request waited seconds. An instance holds no state of the bucket: its
+    listing cache is off, as another process (a Spark task, a racing run) may have changed the
+    bucket, and every decision here must see it as it is. `pid`: a forked process makes its
+    own, as fsspec's loop does not survive a fork."""
+    del pid  # part of the cache key only
+    given = json.loads(options)
+    config = {"max_pool_connections": CONNECTIONS, **given.pop("config_kwargs", {})}
+    return fsspec.filesystem(
+        "s3", skip_instance_cache=True, use_listings_cache=False, config_kwargs=config, **given
+    )
 
 
 def _precondition_failed(err: BaseException) -> bool:
