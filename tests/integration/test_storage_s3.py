@@ -3,14 +3,12 @@ fresh prefix of the stack's bucket."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 import uuid
 
 import pytest
 
 from cairn.storage.objects import Storage
+from tests.forked import in_fork
 from tests.storage_promises import StoragePromises
 
 
@@ -59,23 +57,13 @@ def test_a_forked_child_makes_its_own_client(s3, stack_settings) -> None:
     root = f"s3://{stack_settings.bucket}/forked-{uuid.uuid4().hex[:8]}"
     parent = Storage(root, **s3)
     parent.write("p.json", b"parent")
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports by its exit code, whatever happens
-        code = 1
-        try:
-            storage = Storage(root, **s3)
-            ok = storage.backend.fs is not parent.backend.fs
-            if ok and storage.read("p.json") == b"parent":
-                storage.write("c.json", b"child")
-                code = 0
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + 30
-    while (ended := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if ended[0] == 0:
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
-        pytest.fail("the forked child's requests never ended")
-    assert os.waitstatus_to_exitcode(ended[1]) == 0
+
+    def child() -> bool:
+        storage = Storage(root, **s3)
+        if storage.backend.fs is parent.backend.fs or storage.read("p.json") != b"parent":
+            return False
+        storage.write("c.json", b"child")
+        return True
+
+    assert in_fork(child, 30, "the forked child's requests never ended")
     assert parent.read("c.json") == b"child"

@@ -3,8 +3,6 @@ storage API does with a root it has no backend for."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 import uuid
@@ -12,6 +10,7 @@ import uuid
 import pytest
 
 from cairn.storage.objects import CONCURRENT_REQUESTS, Storage, at_once
+from tests.forked import in_fork
 from tests.storage_promises import StoragePromises
 
 
@@ -101,14 +100,8 @@ def test_requests_share_one_pool_per_process_and_a_forked_child_makes_its_own() 
     first, again = set(at_once(name, range(40))), set(at_once(name, range(40)))
     assert len(first | again) <= CONCURRENT_REQUESTS
     assert all(thread.startswith("cairn-storage") for thread in first | again)
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports by its exit code
-        os._exit(0 if at_once(lambda item: item * 2, range(20)) == list(range(0, 40, 2)) else 1)
-    deadline = time.monotonic() + 10
-    while (ended := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if ended[0] == 0:
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
-        pytest.fail("the forked child's requests never ran: it used its parent's pool")
-    assert os.waitstatus_to_exitcode(ended[1]) == 0
+    assert in_fork(
+        lambda: at_once(lambda item: item * 2, range(20)) == list(range(0, 40, 2)),
+        10,
+        "the forked child's requests never ran: it used its parent's pool",
+    )
