@@ -8,7 +8,6 @@ import uuid
 import pytest
 
 from cairn.storage.objects import Storage
-from tests.forked import in_fork
 from tests.storage_promises import StoragePromises
 
 
@@ -50,20 +49,3 @@ def test_storages_of_one_process_share_a_client_and_still_see_every_change(
     other.delete("d/a.json")
     assert one.list("d") == [] and not two.exists("d/a.json")
 
-
-def test_a_forked_child_makes_its_own_client(s3, stack_settings) -> None:
-    """fsspec's I/O loop does not survive a fork: a child (a forked task process, a Spark
-    worker) that took its parent's client would fail ("not fork-safe") or never be answered."""
-    root = f"s3://{stack_settings.bucket}/forked-{uuid.uuid4().hex[:8]}"
-    parent = Storage(root, **s3)
-    parent.write("p.json", b"parent")
-
-    def child() -> bool:
-        storage = Storage(root, **s3)
-        if storage.backend.fs is parent.backend.fs or storage.read("p.json") != b"parent":
-            return False
-        storage.write("c.json", b"child")
-        return True
-
-    assert in_fork(child, 30, "the forked child's requests never ended")
-    assert parent.read("c.json") == b"child"
