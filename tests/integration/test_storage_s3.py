@@ -48,4 +48,3 @@ def test_storages_of_one_process_share_a_client_and_still_see_every_change(
     assert two.read("d/a.json") == b"2"
     other.delete("d/a.json")
     assert one.list("d") == [] and not two.exists("d/a.json")
-
